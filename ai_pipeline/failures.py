@@ -1,0 +1,127 @@
+"""The failure taxonomy: every failure of a document's work lands in exactly one category.
+
+A category fixes what happens next; nothing else in the code decides that. The table
+(seed 002 §4, DESIGN.md):
+
+=====================  ========  =========  ==========================================  ===========
+category               layer     retryable  action                                      disposition
+=====================  ========  =========  ==========================================  ===========
+NETWORK_TIMEOUT        network   yes        retry ≤ 2 (1 s, 2 s; cap 5 s), same task id  retry
+RATE_LIMIT_EXCEEDED    protocol  yes        wait Retry-After, at most once a minute     retry
+AUTH_FAILED            protocol  no         refresh credentials once, resubmit          failed
+INPUT_QUALITY_ISSUE    protocol  no         snapshot the input, human review queue      review
+SCHEMA_VIOLATION       model     no         human review, prompt fix                    review
+LOW_CONFIDENCE         model     no         human review, prompt fix                    review
+MODEL_REFUSAL          model     no         human review, prompt fix                    review
+MODEL_HALLUCINATION    model     no         quarantine the output, audit                quarantined
+DUPLICATE_EXECUTION    business  no         the downstream already has it: done         done
+BUSINESS_REJECTED      business  no         human review queue                          review
+INTERNAL_ERROR         internal  no         a bug or an unexpected error: look at it    failed
+=====================  ========  =========  ==========================================  ===========
+
+``retryable`` means a later run (a backfill) can fix it without a person; it does not mean "retry
+now". Only NETWORK_TIMEOUT is retried within the run, and RATE_LIMIT_EXCEEDED waits once.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Layer(str, enum.Enum):
+    NETWORK = "network"
+    PROTOCOL = "protocol"
+    MODEL = "model"
+    BUSINESS = "business"
+    INTERNAL = "internal"
+
+
+class Disposition(str, enum.Enum):
+    DONE = "done"
+    RETRY = "retry"
+    REVIEW = "review"
+    QUARANTINED = "quarantined"
+    FAILED = "failed"
+    DEAD_LETTER = "dead_letter"
+
+
+class Category(str, enum.Enum):
+    NETWORK_TIMEOUT = "NETWORK_TIMEOUT"
+    RATE_LIMIT_EXCEEDED = "RATE_LIMIT_EXCEEDED"
+    AUTH_FAILED = "AUTH_FAILED"
+    INPUT_QUALITY_ISSUE = "INPUT_QUALITY_ISSUE"
+    SCHEMA_VIOLATION = "SCHEMA_VIOLATION"
+    LOW_CONFIDENCE = "LOW_CONFIDENCE"
+    MODEL_REFUSAL = "MODEL_REFUSAL"
+    MODEL_HALLUCINATION = "MODEL_HALLUCINATION"
+    DUPLICATE_EXECUTION = "DUPLICATE_EXECUTION"
+    BUSINESS_REJECTED = "BUSINESS_REJECTED"
+    INTERNAL_ERROR = "INTERNAL_ERROR"
+
+    @property
+    def rule(self) -> Rule:
+        return RULES[self]
+
+    @property
+    def retryable(self) -> bool:
+        return RULES[self].retryable
+
+    @property
+    def needs_person(self) -> bool:
+        return RULES[self].disposition in (Disposition.REVIEW, Disposition.QUARANTINED)
+
+
+@dataclass(frozen=True)
+class Rule:
+    layer: Layer
+    retryable: bool
+    disposition: Disposition
+    action: str
+
+
+RULES: dict[Category, Rule] = {
+    Category.NETWORK_TIMEOUT: Rule(
+        Layer.NETWORK, True, Disposition.RETRY, "retry at most twice (1 s, 2 s), same task id"
+    ),
+    Category.RATE_LIMIT_EXCEEDED: Rule(
+        Layer.PROTOCOL, True, Disposition.RETRY, "wait Retry-After once per minute, then later"
+    ),
+    Category.AUTH_FAILED: Rule(
+        Layer.PROTOCOL, False, Disposition.FAILED, "refresh credentials once; then stop the run"
+    ),
+    Category.INPUT_QUALITY_ISSUE: Rule(
+        Layer.PROTOCOL, False, Disposition.REVIEW, "no retry; input snapshot to the review queue"
+    ),
+    Category.SCHEMA_VIOLATION: Rule(
+        Layer.MODEL, False, Disposition.REVIEW, "no retry; review and fix the prompt"
+    ),
+    Category.LOW_CONFIDENCE: Rule(
+        Layer.MODEL, False, Disposition.REVIEW, "no retry; review and fix the prompt"
+    ),
+    Category.MODEL_REFUSAL: Rule(
+        Layer.MODEL, False, Disposition.REVIEW, "no retry; review and fix the prompt"
+    ),
+    Category.MODEL_HALLUCINATION: Rule(
+        Layer.MODEL, False, Disposition.QUARANTINED, "quarantine the output; audit"
+    ),
+    Category.DUPLICATE_EXECUTION: Rule(
+        Layer.BUSINESS, False, Disposition.DONE, "the downstream already has it; treat as done"
+    ),
+    Category.BUSINESS_REJECTED: Rule(
+        Layer.BUSINESS, False, Disposition.REVIEW, "no retry; human review queue"
+    ),
+    Category.INTERNAL_ERROR: Rule(
+        Layer.INTERNAL, False, Disposition.FAILED, "an unexpected error; see the run log"
+    ),
+}
+
+
+class ClassifiedError(Exception):
+    """A failure with its category; the message is safe to show (no secrets)."""
+
+    def __init__(self, category: Category, message: str, *, detail: str | None = None):
+        super().__init__(f"{category.value}: {message}")
+        self.category = category
+        self.message = message
+        self.detail = detail

@@ -1,0 +1,343 @@
+"""The analysis of a batch of documents, stage by stage, with a checkpoint before every effect.
+
+One document goes through four stages, each of which is an asset in Dagster:
+
+``document_text`` → ``llm_analysis`` → ``validated_analysis`` → ``analysis_results``
+
+The batch runs its documents concurrently (bounded by the LLM client) and reports, per document
+and per stage, what happened as plain ``StageDone``/``StageFailed`` events; the Dagster step in
+``ai_pipeline.defs.assets`` turns them into materializations and check evaluations. Nothing here
+imports Dagster, so the same code serves the CLI, the benchmark and the tests.
+
+The rules that make a rerun safe:
+
+- the LLM is called only when no checkpoint exists for the task id, and its reply is stored before
+  anything else is done with it;
+- results are upserted (one row per document, ever), through the callable the caller passes in —
+  the results IO manager's own upsert;
+- a document's state moves only along the transitions of ``ai_pipeline.states``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ai_pipeline.failures import Category, ClassifiedError
+from ai_pipeline.llm import LLMClient, LLMReply
+from ai_pipeline.schema import DEFAULT_MIN_CONFIDENCE, CheckOutcome, evaluate
+from ai_pipeline.states import State
+from ai_pipeline.store import Store
+
+STAGES = ("document_text", "llm_analysis", "validated_analysis", "analysis_results")
+ANALYSE_STEP = "analyse"
+
+
+def task_id(document_id: str, step: str, prompt_version: str, model: str) -> str:
+    """The idempotency key of one external call: a retry is the same task, a new prompt is not.
+
+    The model name is hashed (it may hold ``/`` or ``:``, e.g. ``meta-llama/Llama-3:8b``) so that the
+    id stays safe in headers, file names and log prefixes.
+    """
+    model_tag = hashlib.sha256(model.encode("utf-8")).hexdigest()[:8]
+    return f"{document_id}-{step}-{prompt_version}-{model_tag}"
+
+
+class Log(Protocol):
+    def info(self, msg: str) -> Any: ...
+    def warning(self, msg: str) -> Any: ...
+    def error(self, msg: str) -> Any: ...
+
+
+@dataclass(frozen=True)
+class StageDone:
+    document_id: str
+    stage: str
+    metadata: dict[str, Any]
+    checks: tuple[CheckOutcome, ...] = ()
+
+
+@dataclass(frozen=True)
+class StageFailed:
+    document_id: str
+    stage: str
+    category: Category
+    error: str
+    task_id: str | None = None
+
+
+Event = StageDone | StageFailed
+
+
+@dataclass
+class BatchSummary:
+    completed: list[str] = field(default_factory=list)
+    failed: dict[str, StageFailed] = field(default_factory=dict)
+
+
+class TaskLog:
+    """Prefixes every line about a document's work with ``[TASK:<task id>]`` (seed 002 §2)."""
+
+    def __init__(self, log: Log, task: str):
+        self._log, self.prefix = log, f"[TASK:{task}]"
+
+    def info(self, msg: str) -> None:
+        self._log.info(f"{self.prefix} {msg}")
+
+    def warning(self, msg: str) -> None:
+        self._log.warning(f"{self.prefix} {msg}")
+
+    def error(self, msg: str) -> None:
+        self._log.error(f"{self.prefix} {msg}")
+
+
+def _claim(store: Store, document_id: str, run_id: str | None) -> State:
+    """Move a document to RUNNING along the legal path; returns the state it was in.
+
+    COMPLETED and CANCELLED documents keep their state: a rerun only re-reports their checkpoints.
+    """
+    current = State(store.get_document(document_id)["state"])  # type: ignore[index]
+    if current in (State.COMPLETED, State.CANCELLED):
+        return current
+    if current != State.QUEUED:
+        # From PENDING, FAILED or DEAD_LETTER; or RUNNING left behind by a run that died.
+        store.transition(document_id, State.QUEUED)
+    store.transition(document_id, State.RUNNING, run_id=run_id)
+    return current
+
+
+class Analyser:
+    """Runs the four stages for documents of one batch."""
+
+    def __init__(
+        self,
+        store: Store,
+        llm: LLMClient,
+        upsert: Callable[[Sequence[dict[str, Any]]], Any],
+        *,
+        log: Log | None = None,
+        run_id: str | None = None,
+        min_confidence: float = DEFAULT_MIN_CONFIDENCE,
+        write_results: bool = True,
+    ):
+        self.store = store
+        self.llm = llm
+        self.upsert = upsert
+        self.log: Log = log or logging.getLogger("ai_pipeline")
+        self.run_id = run_id
+        self.min_confidence = min_confidence
+        self.write_results = write_results
+
+    def task_for(self, document_id: str) -> str:
+        return task_id(document_id, ANALYSE_STEP, self.llm.prompt.version, self.llm.model)
+
+    async def process(self, document_id: str) -> list[Event]:
+        """All stage events for one document; failures are events, never exceptions."""
+        events: list[Event] = []
+        task = self.task_for(document_id)
+        log = TaskLog(self.log, task)
+        doc = self.store.get_document(document_id)
+        if doc is None:
+            events.append(
+                StageFailed(
+                    document_id,
+                    "document_text",
+                    Category.INTERNAL_ERROR,
+                    f"document {document_id} is not registered in the results database",
+                    task,
+                )
+            )
+            log.error(events[-1].error)  # type: ignore[union-attr]
+            return events
+        previous = _claim(self.store, document_id, self.run_id)
+        if previous == State.CANCELLED:
+            log.info("cancelled; skipped")
+            return events
+        try:
+            events.extend(await self._stages(doc, task, log))
+        except ClassifiedError as e:
+            events.append(StageFailed(document_id, _stage_of(e), e.category, e.message, task))
+        except Exception as e:  # a bug must fail this document, not the batch
+            log.error(f"unexpected error: {type(e).__name__}: {e}")
+            events.append(
+                StageFailed(
+                    document_id,
+                    "document_text",
+                    Category.INTERNAL_ERROR,
+                    f"{type(e).__name__}: {e}"[:500],
+                    task,
+                )
+            )
+        failure = next((e for e in events if isinstance(e, StageFailed)), None)
+        if previous == State.COMPLETED:
+            return events
+        if failure is None:
+            self.store.transition(document_id, State.COMPLETED, task_id=task)
+            log.info("completed")
+        else:
+            self.store.transition(
+                document_id,
+                State.FAILED,
+                category=failure.category,
+                error=failure.error,
+                task_id=task,
+                count_attempt=True,
+            )
+            attempts = self.store.get_document(document_id)["attempts"]  # type: ignore[index]
+            self.store.record_failure(
+                document_id,
+                failure.category,
+                failure.error,
+                task_id=task,
+                run_id=self.run_id,
+                attempt=attempts,
+            )
+            log.error(f"failed at {failure.stage}: {failure.category.value}: {failure.error}")
+        return events
+
+    async def _stages(self, doc: dict[str, Any], task: str, log: TaskLog) -> list[Event]:
+        document_id = doc["document_id"]
+        sources = self.store.sources([document_id]).get(document_id, [doc["source"]])
+        events: list[Event] = []
+
+        if doc["rejected_reason"]:
+            raise _StageError(
+                "document_text",
+                Category.INPUT_QUALITY_ISSUE,
+                f"{doc['source']}: {doc['rejected_reason']}",
+            )
+        text: str = doc["text"]
+        events.append(
+            StageDone(
+                document_id,
+                "document_text",
+                {
+                    "source": doc["source"],
+                    "aliases": len(sources) - 1,
+                    "kind": doc["kind"],
+                    "size_bytes": doc["size_bytes"],
+                    "characters": len(text),
+                },
+            )
+        )
+
+        payload = self.store.get_checkpoint(task)
+        from_checkpoint = payload is not None
+        if payload is None:
+            log.info(f"calling {self.llm.model} (prompt {self.llm.prompt.version})")
+            try:
+                reply = await self.llm.analyse(task, text)
+            except ClassifiedError as e:
+                raise _StageError("llm_analysis", e.category, e.message) from e
+            # Durable before anything else is done with it: a crash after this line never pays
+            # for the same call again.
+            payload = self.store.put_checkpoint(task, document_id, ANALYSE_STEP, reply.to_payload())
+        else:
+            log.info("LLM checkpoint found; no call")
+        reply = LLMReply.from_payload(payload)
+        verdict = evaluate(
+            reply.content,
+            text,
+            finish_reason=reply.finish_reason,
+            min_confidence=self.min_confidence,
+        )
+        events.append(
+            StageDone(
+                document_id,
+                "llm_analysis",
+                {
+                    "task_id": task,
+                    "model": reply.model,
+                    "prompt_version": self.llm.prompt.version,
+                    "prompt_tokens": reply.prompt_tokens,
+                    "completion_tokens": reply.completion_tokens,
+                    "latency_ms": reply.latency_ms,
+                    "from_checkpoint": from_checkpoint,
+                    "source": doc["source"],
+                },
+                checks=tuple(verdict.outcomes),
+            )
+        )
+        failed_check = verdict.failure
+        if failed_check is not None or verdict.analysis is None:
+            assert failed_check is not None and failed_check.category is not None
+            raise _StageError("validated_analysis", failed_check.category, failed_check.message)
+        analysis = verdict.analysis
+        events.append(
+            StageDone(
+                document_id,
+                "validated_analysis",
+                {
+                    "task_id": task,
+                    "sentiment": analysis.sentiment,
+                    "confidence": analysis.confidence,
+                    "keywords": ", ".join(analysis.keywords),
+                    "summary": analysis.summary,
+                },
+            )
+        )
+        if not self.write_results:
+            return events
+        self.upsert(
+            [
+                {
+                    "document_id": document_id,
+                    **analysis.model_dump(),
+                    "task_id": task,
+                    "model": reply.model,
+                    "prompt_version": self.llm.prompt.version,
+                    "sources": sources,
+                    "prompt_tokens": reply.prompt_tokens,
+                    "completion_tokens": reply.completion_tokens,
+                }
+            ]
+        )
+        events.append(
+            StageDone(
+                document_id,
+                "analysis_results",
+                {"task_id": task, "source": doc["source"], "sources": len(sources)},
+            )
+        )
+        return events
+
+
+class _StageError(ClassifiedError):
+    def __init__(self, stage: str, category: Category, message: str):
+        super().__init__(category, message)
+        self.stage = stage
+
+
+def _stage_of(error: ClassifiedError) -> str:
+    return getattr(error, "stage", "llm_analysis")
+
+
+def run_batch(
+    analyser: Analyser, document_ids: Sequence[str]
+) -> Iterator[tuple[str, list[Event]]]:
+    """Process documents concurrently; yields ``(document_id, events)`` as each one finishes.
+
+    A plain generator (it runs its own event loop) so that a Dagster step can report each document
+    the moment it is done rather than at the end of the batch.
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        tasks = {
+            loop.create_task(analyser.process(doc_id)): doc_id for doc_id in document_ids
+        }
+        pending = set(tasks)
+        while pending:
+            done, pending = loop.run_until_complete(
+                asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            )
+            for finished in done:
+                yield tasks[finished], finished.result()
+    finally:
+        for t in tasks:
+            t.cancel()
+        loop.run_until_complete(analyser.llm.aclose())
+        loop.close()

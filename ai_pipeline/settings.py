@@ -1,0 +1,114 @@
+"""Settings read from the environment, with their defaults, in one table.
+
+Read when a run, a sensor tick or a CLI command starts — never at import time — so a changed
+environment takes effect without reloading the code location. A value set in Dagster config on a
+resource wins over the environment. ``OPENAI_API_KEY`` is not here: it is a secret and goes to the
+LLM resource through ``dg.EnvVar`` only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ai_pipeline.documents import DEFAULT_MAX_DOCUMENT_BYTES
+from ai_pipeline.schema import DEFAULT_MIN_CONFIDENCE
+
+
+class SettingsError(ValueError):
+    """A setting has a value that cannot be used; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    env: str
+    default: Any
+    help: str
+
+
+SETTINGS: dict[str, Setting] = {
+    "inbox": Setting("AI_PIPELINE_INBOX", None, "folder the inbox sensor watches"),
+    "database_url": Setting(
+        "AI_PIPELINE_DATABASE_URL",
+        None,
+        "results database (SQLAlchemy URL); default: SQLite file $DAGSTER_HOME/ai_pipeline.sqlite",
+    ),
+    "base_url": Setting(
+        "OPENAI_BASE_URL", None, "OpenAI-compatible endpoint; default: the OpenAI API"
+    ),
+    "model": Setting("AI_PIPELINE_MODEL", "gpt-4o-mini", "model name sent with every call"),
+    "llm_concurrency": Setting(
+        "AI_PIPELINE_LLM_CONCURRENCY", 8, "LLM calls in flight at once within one run"
+    ),
+    "llm_timeout_seconds": Setting(
+        "AI_PIPELINE_LLM_TIMEOUT", 60.0, "seconds before one LLM call times out"
+    ),
+    "documents_per_run": Setting(
+        "AI_PIPELINE_DOCUMENTS_PER_RUN", 25, "documents in one run (sensor, CLI and backfills)"
+    ),
+    "max_document_bytes": Setting(
+        "AI_PIPELINE_MAX_DOCUMENT_BYTES",
+        DEFAULT_MAX_DOCUMENT_BYTES,
+        "larger files are rejected as INPUT_QUALITY_ISSUE",
+    ),
+    "min_confidence": Setting(
+        "AI_PIPELINE_MIN_CONFIDENCE", DEFAULT_MIN_CONFIDENCE, "lowest confidence accepted"
+    ),
+    "settle_seconds": Setting(
+        "AI_PIPELINE_SETTLE_SECONDS", 1.0, "a file changed this recently may still be written"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    inbox: str | None
+    database_url: str | None
+    base_url: str | None
+    model: str
+    llm_concurrency: int
+    llm_timeout_seconds: float
+    documents_per_run: int
+    max_document_bytes: int
+    min_confidence: float
+    settle_seconds: float
+
+    @classmethod
+    def load(cls, **overrides: Any) -> Settings:
+        """Settings from overrides (when not None), else the environment, else the defaults."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            setting = SETTINGS[f.name]
+            value = overrides.get(f.name)
+            if value is None:
+                raw = os.environ.get(setting.env)
+                value = setting.default if raw in (None, "") else _parse(setting, raw)
+            values[f.name] = value
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if self.llm_concurrency < 1:
+            raise SettingsError(f"AI_PIPELINE_LLM_CONCURRENCY must be ≥ 1, not {self.llm_concurrency}")
+        if self.documents_per_run < 1:
+            raise SettingsError(
+                f"AI_PIPELINE_DOCUMENTS_PER_RUN must be ≥ 1, not {self.documents_per_run}"
+            )
+        if not 0.0 <= self.min_confidence <= 1.0:
+            raise SettingsError(
+                f"AI_PIPELINE_MIN_CONFIDENCE must be between 0 and 1, not {self.min_confidence}"
+            )
+        if self.llm_timeout_seconds <= 0:
+            raise SettingsError("AI_PIPELINE_LLM_TIMEOUT must be > 0")
+
+
+def _parse(setting: Setting, raw: str) -> Any:
+    kind = type(setting.default) if setting.default is not None else str
+    try:
+        return kind(raw)
+    except ValueError as e:
+        raise SettingsError(
+            f"{setting.env}={raw!r} is not a valid {kind.__name__} ({setting.help})"
+        ) from e

@@ -1,0 +1,415 @@
+"""The results database: documents and their state, checkpoints, results, failure events.
+
+Plain SQLAlchemy Core, one code path for SQLite (the embedded default, a file under DAGSTER_HOME)
+and PostgreSQL (``AI_PIPELINE_DATABASE_URL``): every write that may happen twice is an upsert or an
+insert-if-absent, so a retried or duplicated write never makes a second row.
+
+Tables:
+
+- ``documents``: one row per document id — state, category, attempts, last error, normalised text.
+- ``document_sources``: every file name a document arrived under (aliases of one content).
+- ``checkpoints``: the stored result of one task (task id = document + step + prompt version +
+  model); its existence means the task is done. First write wins.
+- ``results``: the analysis, one row per document, ever (written by the results IO manager).
+- ``failure_events``: every classification of a failure, appended, for reports.
+
+Dagster knows nothing of this module; ``ai_pipeline.defs.resources`` wires it in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from ai_pipeline.documents import Document, RejectedFile
+from ai_pipeline.failures import Category
+from ai_pipeline.states import State, check_transition
+
+metadata = sa.MetaData()
+
+documents = sa.Table(
+    "documents",
+    metadata,
+    sa.Column("document_id", sa.String(64), primary_key=True),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("size_bytes", sa.Integer, nullable=False),
+    sa.Column("text", sa.Text, nullable=True),
+    sa.Column("rejected_reason", sa.Text, nullable=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("category", sa.String(32), nullable=True),
+    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Column("attempts", sa.Integer, nullable=False, default=0),
+    sa.Column("task_id", sa.String(128), nullable=True),
+    sa.Column("run_id", sa.String(64), nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+document_sources = sa.Table(
+    "document_sources",
+    metadata,
+    sa.Column("document_id", sa.String(64), primary_key=True),
+    sa.Column("source", sa.Text, primary_key=True),
+    sa.Column("first_seen_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+checkpoints = sa.Table(
+    "checkpoints",
+    metadata,
+    sa.Column("task_id", sa.String(128), primary_key=True),
+    sa.Column("document_id", sa.String(64), nullable=False, index=True),
+    sa.Column("step", sa.String(32), nullable=False),
+    sa.Column("payload", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+results = sa.Table(
+    "results",
+    metadata,
+    sa.Column("document_id", sa.String(64), primary_key=True),
+    sa.Column("keywords", sa.JSON, nullable=False),
+    sa.Column("summary", sa.Text, nullable=False),
+    sa.Column("sentiment", sa.String(16), nullable=False),
+    sa.Column("entities", sa.JSON, nullable=False),
+    sa.Column("confidence", sa.Float, nullable=False),
+    sa.Column("task_id", sa.String(128), nullable=False),
+    sa.Column("model", sa.String(128), nullable=False),
+    sa.Column("prompt_version", sa.String(32), nullable=False),
+    sa.Column("sources", sa.JSON, nullable=False),
+    sa.Column("prompt_tokens", sa.Integer, nullable=True),
+    sa.Column("completion_tokens", sa.Integer, nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+failure_events = sa.Table(
+    "failure_events",
+    metadata,
+    sa.Column("id", sa.Integer, sa.Identity(), primary_key=True),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False, index=True),
+    sa.Column("document_id", sa.String(64), nullable=False, index=True),
+    sa.Column("task_id", sa.String(128), nullable=True),
+    sa.Column("run_id", sa.String(64), nullable=True),
+    sa.Column("category", sa.String(32), nullable=False),
+    sa.Column("layer", sa.String(16), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("error", sa.Text, nullable=False),
+)
+
+RESULT_FIELDS = ("keywords", "summary", "sentiment", "entities", "confidence")
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def default_database_url() -> str:
+    """``AI_PIPELINE_DATABASE_URL``, else a SQLite file under ``DAGSTER_HOME`` (or the cwd)."""
+    url = os.environ.get("AI_PIPELINE_DATABASE_URL")
+    if url:
+        return url
+    home = os.environ.get("DAGSTER_HOME") or os.getcwd()
+    return f"sqlite:///{Path(home).resolve() / 'ai_pipeline.sqlite'}"
+
+
+def normalise_url(url: str) -> str:
+    # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; the project ships psycopg2.
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg2://" + url.split("://", 1)[1]
+    return url
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password, for logs and error messages."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable database URL>"
+
+
+def _make_engine(url: str) -> Engine:
+    url = normalise_url(url)
+    if url.startswith("sqlite"):
+        engine = sa.create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
+
+        @sa.event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+            # WAL lets the sensor, a run and the CLI read while another one writes.
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+        return engine
+    return sa.create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def _loads(value: str | None) -> Any:
+    return json.loads(value) if value is not None else None
+
+
+class Store:
+    """The results database. Safe to share between threads; create one per process."""
+
+    def __init__(self, url: str):
+        self.url = normalise_url(url)
+        self.engine = _make_engine(self.url)
+        metadata.create_all(self.engine)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def _insert(self, table: sa.Table) -> Any:
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        elif self.dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert
+        else:  # pragma: no cover - only the two dialects above are supported
+            raise NotImplementedError(f"unsupported database dialect {self.dialect}")
+        return insert(table)
+
+    # --- documents ---------------------------------------------------------------------------
+
+    def register(self, doc: Document | RejectedFile) -> bool:
+        """Record a document and the file name it came under; True when the document is new.
+
+        A second file with the same content only adds an alias: the document is not analysed again.
+        """
+        now = utcnow()
+        is_rejected = isinstance(doc, RejectedFile)
+        row = {
+            "document_id": doc.document_id,
+            "source": doc.source,
+            "kind": doc.kind,
+            "size_bytes": doc.size_bytes,
+            "text": None if is_rejected else doc.text,
+            "rejected_reason": doc.reason if is_rejected else None,
+            "state": State.PENDING.value,
+            "attempts": 0,
+            "created_at": now,
+            "updated_at": now,
+        }
+        with self.engine.begin() as conn:
+            inserted = conn.execute(
+                self._insert(documents).values(row).on_conflict_do_nothing()
+            ).rowcount
+            conn.execute(
+                self._insert(document_sources)
+                .values(document_id=doc.document_id, source=doc.source, first_seen_at=now)
+                .on_conflict_do_nothing()
+            )
+        return bool(inserted)
+
+    def get_document(self, document_id: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(documents).where(documents.c.document_id == document_id)
+            ).first()
+        return dict(row._mapping) if row else None
+
+    def get_documents(self, document_ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        query = sa.select(documents).order_by(documents.c.created_at, documents.c.document_id)
+        if document_ids is not None:
+            query = query.where(documents.c.document_id.in_(list(document_ids)))
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+    def sources(self, document_ids: Iterable[str] | None = None) -> dict[str, list[str]]:
+        query = sa.select(document_sources).order_by(
+            document_sources.c.first_seen_at, document_sources.c.source
+        )
+        if document_ids is not None:
+            query = query.where(document_sources.c.document_id.in_(list(document_ids)))
+        out: dict[str, list[str]] = {}
+        with self.engine.connect() as conn:
+            for r in conn.execute(query):
+                out.setdefault(r.document_id, []).append(r.source)
+        return out
+
+    def transition(
+        self,
+        document_id: str,
+        target: State,
+        *,
+        category: Category | None = None,
+        error: str | None = None,
+        task_id: str | None = None,
+        run_id: str | None = None,
+        count_attempt: bool = False,
+    ) -> State:
+        """Move a document to ``target`` if the state machine allows it; returns the old state.
+
+        The update is a compare-and-set on the state read, so two writers cannot both move a
+        document out of the same state.
+        """
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                sa.select(documents.c.state).where(documents.c.document_id == document_id)
+            ).first()
+            if row is None:
+                raise KeyError(f"unknown document {document_id}")
+            current = State(row.state)
+            check_transition(document_id, current, target)
+            values: dict[str, Any] = {"state": target.value, "updated_at": utcnow()}
+            if target == State.COMPLETED:
+                values.update(category=None, last_error=None)
+            if category is not None:
+                values["category"] = category.value
+            if error is not None:
+                values["last_error"] = error
+            if task_id is not None:
+                values["task_id"] = task_id
+            if run_id is not None:
+                values["run_id"] = run_id
+            if count_attempt:
+                values["attempts"] = documents.c.attempts + 1
+            updated = conn.execute(
+                sa.update(documents)
+                .where(documents.c.document_id == document_id)
+                .where(documents.c.state == current.value)
+                .values(values)
+            ).rowcount
+            if not updated:
+                raise RuntimeError(f"document {document_id} changed state concurrently")
+        return current
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def get_checkpoint(self, task_id: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(checkpoints.c.payload).where(checkpoints.c.task_id == task_id)
+            ).first()
+        return _loads(row.payload) if row else None
+
+    def get_checkpoints(self, task_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        if not task_ids:
+            return {}
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(checkpoints.c.task_id, checkpoints.c.payload).where(
+                    checkpoints.c.task_id.in_(list(task_ids))
+                )
+            )
+            return {r.task_id: _loads(r.payload) for r in rows}
+
+    def put_checkpoint(
+        self, task_id: str, document_id: str, step: str, payload: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Store a task's result durably; if one exists already, keep it and return it."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                self._insert(checkpoints)
+                .values(
+                    task_id=task_id,
+                    document_id=document_id,
+                    step=step,
+                    payload=json.dumps(payload, ensure_ascii=False, sort_keys=True),
+                    created_at=utcnow(),
+                )
+                .on_conflict_do_nothing()
+            )
+        stored = self.get_checkpoint(task_id)
+        assert stored is not None
+        return stored
+
+    def delete_checkpoint(self, task_id: str) -> bool:
+        with self.engine.begin() as conn:
+            return bool(
+                conn.execute(sa.delete(checkpoints).where(checkpoints.c.task_id == task_id)).rowcount
+            )
+
+    def count_checkpoints(self, step: str | None = None) -> int:
+        query = sa.select(sa.func.count()).select_from(checkpoints)
+        if step:
+            query = query.where(checkpoints.c.step == step)
+        with self.engine.connect() as conn:
+            return int(conn.execute(query).scalar_one())
+
+    # --- results -----------------------------------------------------------------------------
+
+    def upsert_results(self, rows: Sequence[dict[str, Any]]) -> int:
+        """Insert or update result rows, one per document id. Never a plain insert."""
+        if not rows:
+            return 0
+        now = utcnow()
+        values = [{**row, "created_at": now, "updated_at": now} for row in rows]
+        stmt = self._insert(results).values(values)
+        update_columns = {
+            c.name: stmt.excluded[c.name]
+            for c in results.columns
+            if c.name not in ("document_id", "created_at")
+        }
+        with self.engine.begin() as conn:
+            conn.execute(
+                stmt.on_conflict_do_update(index_elements=["document_id"], set_=update_columns)
+            )
+        return len(rows)
+
+    def get_results(self, document_ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        query = sa.select(results).order_by(results.c.document_id)
+        if document_ids is not None:
+            query = query.where(results.c.document_id.in_(list(document_ids)))
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+    def count_results(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(results)).scalar_one())
+
+    # --- failure events ----------------------------------------------------------------------
+
+    def record_failure(
+        self,
+        document_id: str,
+        category: Category,
+        error: str,
+        *,
+        task_id: str | None = None,
+        run_id: str | None = None,
+        attempt: int = 1,
+    ) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.insert(failure_events).values(
+                    at=utcnow(),
+                    document_id=document_id,
+                    task_id=task_id,
+                    run_id=run_id,
+                    category=category.value,
+                    layer=category.rule.layer.value,
+                    attempt=attempt,
+                    error=error,
+                )
+            )
+
+    def failure_events(self, document_id: str | None = None) -> list[dict[str, Any]]:
+        query = sa.select(failure_events).order_by(failure_events.c.id)
+        if document_id:
+            query = query.where(failure_events.c.document_id == document_id)
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+
+_stores: dict[str, Store] = {}
+_stores_lock = threading.Lock()
+
+
+def get_store(url: str | None = None) -> Store:
+    """One Store (one engine, one pool) per database URL per process."""
+    url = normalise_url(url or default_database_url())
+    with _stores_lock:
+        store = _stores.get(url)
+        if store is None:
+            store = _stores[url] = Store(url)
+        return store
