@@ -57,7 +57,10 @@ def _instance() -> Any:
 
 def process_inbox(inbox: Path, *, quiet: bool = False, verbose: bool = False) -> dict[str, Any]:
     """Register the inbox's files and analyse every document not yet completed, via Dagster."""
+    import dagster as dg
+
     from ai_pipeline.definitions import defs
+    from ai_pipeline.defs.assets import ANALYSIS_RESULTS
     from ai_pipeline.defs.jobs import ANALYSIS_JOB_NAME, range_tags
     from ai_pipeline.defs.partitions import documents_partitions
     from ai_pipeline.documents import list_files
@@ -80,13 +83,24 @@ def process_inbox(inbox: Path, *, quiet: bool = False, verbose: bool = False) ->
     if missing:
         instance.add_dynamic_partitions(partition_name, missing)
     states = {d["document_id"]: d["state"] for d in store.get_documents(document_ids)}
-    todo = [d for d in document_ids if states.get(d) != State.COMPLETED.value]
+    # Done means done in both places: a run killed after a document's results were written but
+    # before Dagster heard of it leaves the document COMPLETED here and unmaterialized there; a
+    # rerun re-reports it from its checkpoints without an LLM call.
+    in_dagster = instance.get_status_by_partition(
+        ANALYSIS_RESULTS, document_ids, documents_partitions
+    ) or {}
+    todo = [
+        d
+        for d in document_ids
+        if states.get(d) != State.COMPLETED.value
+        or in_dagster.get(d) != dg.AssetPartitionStatus.MATERIALIZED
+    ]
     _say(
         quiet,
         f"{len(paths)} files → {len(document_ids)} documents "
         f"({len(paths) - len(document_ids)} duplicates), {len(todo)} to analyse",
     )
-    job = defs.get_job_def(ANALYSIS_JOB_NAME)
+    job = defs.resolve_job_def(ANALYSIS_JOB_NAME)
     ordered = instance.get_dynamic_partitions(partition_name)
     ranges = contiguous_ranges(todo, ordered, settings.documents_per_run)
     runs = []

@@ -158,7 +158,8 @@ class Analyser:
             log.info("cancelled; skipped")
             return events
         try:
-            events.extend(await self._stages(doc, task, log))
+            # Stages append as they finish, so the ones done before a failure are still reported.
+            await self._stages(doc, task, log, events)
         except ClassifiedError as e:
             events.append(StageFailed(document_id, _stage_of(e), e.category, e.message, task))
         except Exception as e:  # a bug must fail this document, not the batch
@@ -199,10 +200,11 @@ class Analyser:
             log.error(f"failed at {failure.stage}: {failure.category.value}: {failure.error}")
         return events
 
-    async def _stages(self, doc: dict[str, Any], task: str, log: TaskLog) -> list[Event]:
+    async def _stages(
+        self, doc: dict[str, Any], task: str, log: TaskLog, events: list[Event]
+    ) -> None:
         document_id = doc["document_id"]
         sources = self.store.sources([document_id]).get(document_id, [doc["source"]])
-        events: list[Event] = []
 
         if doc["rejected_reason"]:
             raise _StageError(
@@ -281,7 +283,7 @@ class Analyser:
             )
         )
         if not self.write_results:
-            return events
+            return
         self.upsert(
             [
                 {
@@ -303,7 +305,6 @@ class Analyser:
                 {"task_id": task, "source": doc["source"], "sources": len(sources)},
             )
         )
-        return events
 
 
 class _StageError(ClassifiedError):

@@ -413,3 +413,11 @@ def get_store(url: str | None = None) -> Store:
         if store is None:
             store = _stores[url] = Store(url)
         return store
+
+
+def dispose_stores() -> None:
+    """Close every cached Store's connections (tests and a shutting-down process)."""
+    with _stores_lock:
+        for store in _stores.values():
+            store.engine.dispose()
+        _stores.clear()

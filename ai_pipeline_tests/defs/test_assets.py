@@ -1,0 +1,227 @@
+"""The analysis assets run through Dagster against the simulator, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from ai_pipeline.cli import process_inbox
+from ai_pipeline.defs.assets import ANALYSIS_RESULTS, DOCUMENT_TEXT, LLM_ANALYSIS, VALIDATED_ANALYSIS
+from ai_pipeline.defs.partitions import documents_partitions
+from ai_pipeline.documents import content_id, normalise_text
+from ai_pipeline.pipeline import ANALYSE_STEP, task_id
+from ai_pipeline.prompts import ANALYSIS
+from ai_pipeline.store import get_store
+from ai_pipeline_tests.conftest import TEST_MODEL, make_inbox, sample_text
+
+STATUS = dg.AssetPartitionStatus
+
+
+def doc_id(text: str) -> str:
+    return content_id(normalise_text(text).encode("utf-8"))
+
+
+def task_of(document_id: str) -> str:
+    return task_id(document_id, ANALYSE_STEP, ANALYSIS.version, TEST_MODEL)
+
+
+def statuses(instance: dg.DagsterInstance, asset_key: dg.AssetKey, keys: list[str]) -> dict:
+    return dict(instance.get_status_by_partition(asset_key, keys, documents_partitions) or {})
+
+
+def test_definitions_load() -> None:
+    """Every asset, check, job and sensor is reachable from the one Definitions object."""
+    from ai_pipeline.definitions import defs
+
+    repo = defs.get_repository_def()
+    assert set(repo.asset_graph.get_all_asset_keys()) == {
+        DOCUMENT_TEXT,
+        LLM_ANALYSIS,
+        VALIDATED_ANALYSIS,
+        ANALYSIS_RESULTS,
+    }
+    assert {k.name for k in repo.asset_graph.asset_check_keys} == {
+        "refusal",
+        "schema",
+        "confidence",
+        "grounding",
+    }
+    assert repo.has_sensor_def("inbox_sensor")
+    assert repo.has_job("analyse_documents_job")
+
+
+def test_range_run_fails_exactly_the_failing_document(
+    instance: dg.DagsterInstance, simulator, tmp_path: Path
+) -> None:
+    """One document's LLM call fails inside a range run: only it is FAILED, the rest complete."""
+    texts = {f"doc-{i}.txt": sample_text(i) for i in range(5)}
+    texts["doc-bad.txt"] = "Poison request for Vega Instruments in Oslo. " + sample_text(99)
+    inbox = make_inbox(tmp_path / "inbox", texts)
+    simulator.set_faults([{"kind": "status", "status": 400, "match": "Poison request"}])
+
+    report = process_inbox(inbox, quiet=True)
+
+    assert len(report["runs"]) == 1, "all documents in one range run"
+    assert report["runs"][0]["success"] is False
+    bad = doc_id(texts["doc-bad.txt"])
+    good = [doc_id(texts[f"doc-{i}.txt"]) for i in range(5)]
+    keys = [*good, bad]
+    assert statuses(instance, DOCUMENT_TEXT, keys) == {k: STATUS.MATERIALIZED for k in keys}
+    for asset_key in (LLM_ANALYSIS, VALIDATED_ANALYSIS, ANALYSIS_RESULTS):
+        expected = {k: STATUS.MATERIALIZED for k in good} | {bad: STATUS.FAILED}
+        assert statuses(instance, asset_key, keys) == expected, asset_key
+
+    # Per-document check results were recorded for the documents that got an answer.
+    check_key = dg.AssetCheckKey(LLM_ANALYSIS, "grounding")
+    history = instance.event_log_storage.get_asset_check_execution_history(check_key, limit=50)
+    assert {r.partition: r.status.value for r in history} == {g: "SUCCEEDED" for g in good} | {
+        # Planned in the failed run and never evaluated (the UI resolves it to "execution
+        # failed" from the run's status): the document got no answer to check.
+        bad: "PLANNED"
+    }
+
+    store = get_store()
+    rows = {r["document_id"] for r in store.get_results()}
+    assert rows == set(good)
+    by_id = {d["document_id"]: d for d in report["documents"]}
+    assert by_id[bad]["state"] == "FAILED"
+    assert by_id[bad]["category"] == "INPUT_QUALITY_ISSUE"
+    assert all(by_id[g]["state"] == "COMPLETED" for g in good)
+    assert simulator.requests_for(task_of(bad)) == 1
+    events = store.failure_events(bad)
+    assert [e["category"] for e in events] == ["INPUT_QUALITY_ISSUE"]
+
+
+def test_same_content_two_names_is_one_document(
+    instance: dg.DagsterInstance, simulator, tmp_path: Path
+) -> None:
+    """The same content under two file names is one partition, one LLM call and one row."""
+    text = sample_text(7)
+    inbox = make_inbox(
+        tmp_path / "inbox", {"a.txt": text, "sub/b-copy.txt": text, "c.md": sample_text(8)}
+    )
+
+    report = process_inbox(inbox, quiet=True)
+
+    the_id = doc_id(text)
+    assert instance.get_dynamic_partitions("documents").count(the_id) == 1
+    assert len(instance.get_dynamic_partitions("documents")) == 2
+    assert simulator.requests_for(task_of(the_id)) == 1
+    assert simulator.stats()["total"] == 2
+    row = next(r for r in get_store().get_results() if r["document_id"] == the_id)
+    assert sorted(Path(s).name for s in row["sources"]) == ["a.txt", "b-copy.txt"]
+    assert report["counts"]["by_state"] == {"COMPLETED": 2}
+
+
+def test_rerun_makes_no_llm_call(instance: dg.DagsterInstance, simulator, tmp_path: Path) -> None:
+    """A rerun of failed and completed documents never pays twice for an answered call."""
+    texts = {f"d{i}.txt": sample_text(i) for i in range(4)}
+    inbox = make_inbox(tmp_path / "inbox", texts)
+    flaky = doc_id(texts["d3.txt"])
+    simulator.set_faults([{"kind": "status", "status": 503, "match": task_of(flaky)}])
+    first = process_inbox(inbox, quiet=True)
+    assert first["counts"]["by_state"] == {"COMPLETED": 3, "FAILED": 1}
+    calls_after_first = simulator.stats()["total"]
+
+    simulator.set_faults([])
+    second = process_inbox(inbox, quiet=True)
+
+    assert second["counts"]["by_state"] == {"COMPLETED": 4}
+    # Only the failed document was analysed again.
+    assert simulator.stats()["total"] == calls_after_first + 1
+    assert get_store().count_results() == 4
+    assert statuses(instance, ANALYSIS_RESULTS, [flaky]) == {flaky: STATUS.MATERIALIZED}
+
+    # Re-executing the whole range through Dagster (as the UI's "Re-execute" would) is free.
+    from ai_pipeline.definitions import defs
+    from ai_pipeline.defs.jobs import ANALYSIS_JOB_NAME, range_tags
+
+    keys = instance.get_dynamic_partitions("documents")
+    result = defs.resolve_job_def(ANALYSIS_JOB_NAME).execute_in_process(
+        instance=instance, tags=range_tags(keys)
+    )
+    assert result.success
+    assert simulator.stats()["total"] == calls_after_first + 1
+    assert get_store().count_results() == 4
+
+
+KILL_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    import ai_pipeline.store as store_module
+
+    original = store_module.Store.upsert_results
+    calls = []
+
+    def upsert_then_stall(self, rows):
+        # Widens the window between a document's checkpoint and its results row so that the
+        # parent can kill the run inside it; everything else is the real code.
+        calls.append(1)
+        if len(calls) > 2:
+            time.sleep(600)
+        return original(self, rows)
+
+    store_module.Store.upsert_results = upsert_then_stall
+    from ai_pipeline.cli import main
+    sys.exit(main(["run", "--inbox", sys.argv[1], "--json"]))
+    """
+)
+
+
+def test_sigkill_between_checkpoint_and_upsert(
+    instance: dg.DagsterInstance, simulator, tmp_path: Path
+) -> None:
+    """A run killed after LLM checkpoints but before results resumes without paying again."""
+    texts = {f"k{i}.txt": sample_text(100 + i) for i in range(8)}
+    inbox = make_inbox(tmp_path / "inbox", texts)
+    ids = [doc_id(t) for t in texts.values()]
+    store = get_store()
+    script = tmp_path / "run_and_stall.py"
+    script.write_text(KILL_SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(inbox)],
+        env=os.environ.copy(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if store.count_results() == 2 and store.count_checkpoints(ANALYSE_STEP) > 2:
+                break
+            assert proc.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.05)
+        else:
+            pytest.fail("the run never reached the window between checkpoint and upsert")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    checkpointed = {
+        i for i in ids if store.get_checkpoint(task_of(i)) is not None
+    }
+    with_row = {r["document_id"] for r in store.get_results()}
+    assert len(with_row) == 2 and with_row < checkpointed
+    calls_before = {i: simulator.requests_for(task_of(i)) for i in ids}
+    assert all(calls_before[i] == 1 for i in checkpointed)
+
+    report = process_inbox(inbox, quiet=True)
+
+    assert report["counts"]["by_state"] == {"COMPLETED": len(ids)}
+    calls_after = {i: simulator.requests_for(task_of(i)) for i in ids}
+    # No second call for any document whose answer was checkpointed before the kill; a document
+    # whose answer was lost with the process is asked once more.
+    assert {i: calls_after[i] for i in checkpointed} == {i: 1 for i in checkpointed}
+    assert all(calls_after[i] == calls_before[i] + 1 for i in set(ids) - checkpointed)
+    rows = store.get_results()
+    assert sorted(r["document_id"] for r in rows) == sorted(ids)
+    assert statuses(instance, ANALYSIS_RESULTS, ids) == {i: STATUS.MATERIALIZED for i in ids}
