@@ -86,9 +86,9 @@ def process_inbox(inbox: Path, *, quiet: bool = False, verbose: bool = False) ->
     # Done means done in both places: a run killed after a document's results were written but
     # before Dagster heard of it leaves the document COMPLETED here and unmaterialized there; a
     # rerun re-reports it from its checkpoints without an LLM call.
-    in_dagster = instance.get_status_by_partition(
-        ANALYSIS_RESULTS, document_ids, documents_partitions
-    ) or {}
+    in_dagster = (
+        instance.get_status_by_partition(ANALYSIS_RESULTS, document_ids, documents_partitions) or {}
+    )
     todo = [
         d
         for d in document_ids
@@ -144,7 +144,9 @@ def _report(document_ids: Sequence[str] | None = None) -> dict[str, Any]:
             }
         )
     by_state = Counter(r["state"] for r in rows)
-    by_category = Counter(r["category"] for r in rows if r["category"] and r["state"] != "COMPLETED")
+    by_category = Counter(
+        r["category"] for r in rows if r["category"] and r["state"] != "COMPLETED"
+    )
     return {
         "documents": rows,
         "counts": {
@@ -177,7 +179,14 @@ def print_table(report: dict[str, Any]) -> None:
     states = ", ".join(f"{k} {v}" for k, v in counts["by_state"].items()) or "none"
     print(f"\n{counts['total']} documents: {states}")
     if counts["by_category"]:
-        print("failed by category: " + ", ".join(f"{k} {v}" for k, v in counts["by_category"].items()))
+        print(
+            "failed by category: " + ", ".join(f"{k} {v}" for k, v in counts["by_category"].items())
+        )
+    failed = [r for r in report["documents"] if r["state"] not in ("COMPLETED", "PENDING")]
+    if failed:
+        print("\nwhy:")
+        for r in failed:
+            print(f"  {r['document_id']}  {r['state']} {r['category'] or ''}: {r['error'] or ''}")
 
 
 def _emit(args: argparse.Namespace, report: dict[str, Any]) -> None:
@@ -264,8 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
         "against the instance in DAGSTER_HOME, and print a table. Running it again makes no LLM "
         "call: every document is checkpointed.",
     )
-    p.add_argument("--inbox", default="examples/inbox", help="folder to analyse (default: %(default)s)")
-    p.add_argument("--latency-ms", type=int, default=50, help="simulated LLM latency (default: %(default)s)")
+    p.add_argument(
+        "--inbox", default="examples/inbox", help="folder to analyse (default: %(default)s)"
+    )
+    p.add_argument(
+        "--latency-ms", type=int, default=50, help="simulated LLM latency (default: %(default)s)"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--verbose", action="store_true", help="show Dagster's run log too")
     p.set_defaults(func=cmd_demo)
@@ -297,7 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
         "with a deterministic analysis of the text it is sent, counts requests per "
         "Idempotency-Key (GET /_sim/stats) and injects faults on demand (POST /_sim/faults).",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
+    )
     p.add_argument("--port", type=int, default=8765, help="port (default: %(default)s)")
     p.add_argument("--latency-ms", type=int, default=0, help="latency per request (default: 0)")
     p.add_argument(
@@ -306,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--api-key", action="append", help="accept only this key (repeatable; default: any)"
     )
-    p.add_argument("--faults", help="JSON file with fault rules ({\"faults\": [...]})")
+    p.add_argument("--faults", help='JSON file with fault rules ({"faults": [...]})')
     p.set_defaults(func=cmd_simulate_llm)
     return parser
 

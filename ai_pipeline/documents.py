@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import re
 import unicodedata
@@ -86,13 +87,25 @@ def _decode(data: bytes, path: Path) -> str:
         ) from e
 
 
+_HTML_HIDDEN = ("script", "style", "noscript", "template", "head", "title", "svg", "iframe")
+_HTML_BLOCKS = (
+    "p", "div", "br", "li", "tr", "td", "th", "h1", "h2", "h3", "h4", "h5", "h6", "section",
+    "article", "header", "footer", "nav", "aside", "main", "table", "ul", "ol", "blockquote",
+    "pre", "figure", "figcaption", "hr", "dt", "dd",
+)  # fmt: skip
+
+
 def _html_text(data: bytes, path: Path) -> str:
+    """The text a reader sees: no scripts, styles or title; a line per block, inline runs joined."""
     from bs4 import BeautifulSoup
 
     soup = BeautifulSoup(_decode(data, path), "html.parser")
-    for tag in soup(["script", "style", "noscript", "template", "head"]):
+    for tag in soup(list(_HTML_HIDDEN)):
         tag.decompose()
-    return soup.get_text("\n")
+    for tag in soup(list(_HTML_BLOCKS)):
+        tag.insert_before("\n")
+        tag.insert_after("\n")
+    return "\n".join(" ".join(line.split()) for line in soup.get_text().split("\n"))
 
 
 def _pdf_text(data: bytes, path: Path) -> str:
@@ -113,6 +126,8 @@ def _pdf_text(data: bytes, path: Path) -> str:
 
 def kind_of(path: Path) -> str:
     suffix = path.suffix.lower()
+    if suffix not in SUPPORTED_SUFFIXES:
+        return "other"
     return {".markdown": "md", ".htm": "html"}.get(suffix, suffix.lstrip("."))
 
 
@@ -160,24 +175,33 @@ def parse_document(data: bytes, path: str | Path) -> Document:
 
 
 def reject(path: str | Path, reason: str) -> RejectedFile:
-    """Describe a file that could not be read; its id comes from whatever bytes it has."""
+    """Describe a file that could not be read; its id comes from whatever bytes it has.
+
+    The bytes are hashed in chunks, so an oversize file is never held in memory.
+    """
     path = Path(path)
+    # Hashed with a prefix so that "unreadable" and a real document never share an id.
+    digest = hashlib.sha256(b"rejected\x00")
+    size = 0
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+                size += len(chunk)
     except OSError:
-        data = b""
-    # A rejected file's bytes are hashed with its reason so that "unreadable" and a real document
-    # with the same bytes never share an id.
+        pass
     return RejectedFile(
-        document_id=content_id(b"rejected\x00" + data),
+        document_id=digest.hexdigest()[:ID_HEX_LENGTH],
         source=str(path),
         kind=kind_of(path),
-        size_bytes=len(data),
+        size_bytes=size,
         reason=reason,
     )
 
 
-def load(path: str | Path, *, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> Document | RejectedFile:
+def load(
+    path: str | Path, *, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
+) -> Document | RejectedFile:
     """Read a file; a file that cannot become a document comes back as a RejectedFile."""
     try:
         return read_document(path, max_bytes=max_bytes)
@@ -202,14 +226,14 @@ class InboxCursor:
     names: frozenset[str] = frozenset()
 
     def serialize(self) -> str:
-        return "\n".join([str(self.arrived_ns), *sorted(self.names)])
+        return json.dumps({"arrived_ns": self.arrived_ns, "names": sorted(self.names)})
 
     @classmethod
     def parse(cls, value: str | None) -> InboxCursor:
         if not value:
             return cls()
-        first, *rest = value.split("\n")
-        return cls(arrived_ns=int(first), names=frozenset(rest))
+        data = json.loads(value)
+        return cls(arrived_ns=int(data["arrived_ns"]), names=frozenset(data["names"]))
 
 
 @dataclass(frozen=True)
@@ -247,9 +271,7 @@ def scan_inbox(
         if now - arrived < settle_ns:
             continue
         name = str(entry_path.relative_to(inbox))
-        if arrived < cursor.arrived_ns or (
-            arrived == cursor.arrived_ns and name in cursor.names
-        ):
+        if arrived < cursor.arrived_ns or (arrived == cursor.arrived_ns and name in cursor.names):
             continue
         found.append((arrived, name, entry_path))
     found.sort()

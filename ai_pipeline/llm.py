@@ -14,7 +14,6 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-import httpx
 import openai
 
 from ai_pipeline.failures import Category, ClassifiedError
@@ -64,17 +63,15 @@ def _status_category(status: int) -> Category:
 
 
 def classify(error: BaseException) -> Category:
-    """The category of an exception raised by the openai SDK (or by httpx beneath it)."""
+    """The category of an exception raised by the openai SDK."""
     if isinstance(error, ClassifiedError):
         return error.category
     if isinstance(error, openai.APIStatusError):
         return _status_category(error.status_code)
     # APITimeoutError is a subclass of APIConnectionError: both are the network layer.
-    if isinstance(error, (openai.APIConnectionError, httpx.TransportError, TimeoutError)):
+    if isinstance(error, (openai.APIConnectionError, TimeoutError, ConnectionError)):
         return Category.NETWORK_TIMEOUT
-    if isinstance(
-        error, (openai.LengthFinishReasonError, openai.ContentFilterFinishReasonError)
-    ):
+    if isinstance(error, (openai.LengthFinishReasonError, openai.ContentFilterFinishReasonError)):
         return Category.SCHEMA_VIOLATION
     if isinstance(error, openai.APIResponseValidationError):
         return Category.SCHEMA_VIOLATION
@@ -106,16 +103,7 @@ class LLMClient:
         self.prompt = prompt
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._client = openai.AsyncOpenAI(
-            base_url=base_url,
-            api_key=api_key,
-            max_retries=0,
-            timeout=timeout_seconds,
-            http_client=httpx.AsyncClient(
-                timeout=timeout_seconds,
-                limits=httpx.Limits(
-                    max_connections=max_concurrency, max_keepalive_connections=max_concurrency
-                ),
-            ),
+            base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_seconds
         )
 
     async def analyse(self, task_id: str, text: str) -> LLMReply:

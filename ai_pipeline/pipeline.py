@@ -317,9 +317,7 @@ def _stage_of(error: ClassifiedError) -> str:
     return getattr(error, "stage", "llm_analysis")
 
 
-def run_batch(
-    analyser: Analyser, document_ids: Sequence[str]
-) -> Iterator[tuple[str, list[Event]]]:
+def run_batch(analyser: Analyser, document_ids: Sequence[str]) -> Iterator[tuple[str, list[Event]]]:
     """Process documents concurrently; yields ``(document_id, events)`` as each one finishes.
 
     A plain generator (it runs its own event loop) so that a Dagster step can report each document
@@ -327,9 +325,7 @@ def run_batch(
     """
     loop = asyncio.new_event_loop()
     try:
-        tasks = {
-            loop.create_task(analyser.process(doc_id)): doc_id for doc_id in document_ids
-        }
+        tasks = {loop.create_task(analyser.process(doc_id)): doc_id for doc_id in document_ids}
         pending = set(tasks)
         while pending:
             done, pending = loop.run_until_complete(

@@ -134,7 +134,10 @@ def evaluate(
     if parsed is None:
         ev.outcomes.append(
             CheckOutcome(
-                "schema", False, f"not the expected JSON: {schema_problem}", Category.SCHEMA_VIOLATION
+                "schema",
+                False,
+                f"not the expected JSON: {schema_problem}",
+                Category.SCHEMA_VIOLATION,
             )
         )
         return ev
@@ -151,9 +154,7 @@ def evaluate(
             )
         )
     else:
-        ev.outcomes.append(
-            CheckOutcome("confidence", True, f"confidence {parsed.confidence:.2f}")
-        )
+        ev.outcomes.append(CheckOutcome("confidence", True, f"confidence {parsed.confidence:.2f}"))
 
     folded_source = fold(source_text)
     ungrounded = [e for e in parsed.entities if fold(e) not in folded_source]

@@ -91,7 +91,9 @@ class Settings:
 
     def validate(self) -> None:
         if self.llm_concurrency < 1:
-            raise SettingsError(f"AI_PIPELINE_LLM_CONCURRENCY must be ≥ 1, not {self.llm_concurrency}")
+            raise SettingsError(
+                f"AI_PIPELINE_LLM_CONCURRENCY must be ≥ 1, not {self.llm_concurrency}"
+            )
         if self.documents_per_run < 1:
             raise SettingsError(
                 f"AI_PIPELINE_DOCUMENTS_PER_RUN must be ≥ 1, not {self.documents_per_run}"

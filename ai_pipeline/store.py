@@ -326,7 +326,9 @@ class Store:
     def delete_checkpoint(self, task_id: str) -> bool:
         with self.engine.begin() as conn:
             return bool(
-                conn.execute(sa.delete(checkpoints).where(checkpoints.c.task_id == task_id)).rowcount
+                conn.execute(
+                    sa.delete(checkpoints).where(checkpoints.c.task_id == task_id)
+                ).rowcount
             )
 
     def count_checkpoints(self, step: str | None = None) -> int:
@@ -343,7 +345,10 @@ class Store:
         if not rows:
             return 0
         now = utcnow()
-        values = [{**row, "created_at": now, "updated_at": now} for row in rows]
+        # One row per document even within a call: PostgreSQL refuses to update a row twice in
+        # one statement, SQLite would keep the last; both now keep the last.
+        latest = {row["document_id"]: row for row in rows}
+        values = [{**row, "created_at": now, "updated_at": now} for row in latest.values()]
         stmt = self._insert(results).values(values)
         update_columns = {
             c.name: stmt.excluded[c.name]
@@ -354,7 +359,7 @@ class Store:
             conn.execute(
                 stmt.on_conflict_do_update(index_elements=["document_id"], set_=update_columns)
             )
-        return len(rows)
+        return len(values)
 
     def get_results(self, document_ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
         query = sa.select(results).order_by(results.c.document_id)

@@ -9,7 +9,6 @@ raising ``Failure`` listing each failed document and its category: Dagster then 
 exactly those documents, from the stage that failed on (DESIGN.md, decision 3).
 """
 
-
 import warnings
 from collections.abc import Iterator
 from typing import Any

@@ -1,6 +1,5 @@
 """The analysis job, and the run requests that cover a range of documents."""
 
-
 from collections.abc import Sequence
 
 import dagster as dg

@@ -4,7 +4,6 @@ Each field left unset falls back to the environment when a run or tick starts (s
 ``ai_pipeline.settings``); the API key comes only through ``dg.EnvVar("OPENAI_API_KEY")``.
 """
 
-
 from typing import Any
 
 import dagster as dg
@@ -91,8 +90,6 @@ class ResultsIOManager(dg.ConfigurableIOManager):
         context.add_output_metadata({"rows_upserted": self.upsert(rows)})
 
     def load_input(self, context: dg.InputContext) -> pd.DataFrame:
-        document_ids = (
-            list(context.asset_partition_keys) if context.has_asset_partitions else None
-        )
+        document_ids = list(context.asset_partition_keys) if context.has_asset_partitions else None
         rows = self._store().get_results(document_ids)
         return pd.DataFrame(rows, columns=[c.name for c in results_table.columns])

@@ -5,7 +5,6 @@ the new files, not with the documents already processed. A file whose content is
 partition (a copy under another name) is recorded as an alias and launches nothing.
 """
 
-
 import os
 
 import dagster as dg

@@ -14,7 +14,12 @@ import dagster as dg
 import pytest
 
 from ai_pipeline.cli import process_inbox
-from ai_pipeline.defs.assets import ANALYSIS_RESULTS, DOCUMENT_TEXT, LLM_ANALYSIS, VALIDATED_ANALYSIS
+from ai_pipeline.defs.assets import (
+    ANALYSIS_RESULTS,
+    DOCUMENT_TEXT,
+    LLM_ANALYSIS,
+    VALIDATED_ANALYSIS,
+)
 from ai_pipeline.defs.partitions import documents_partitions
 from ai_pipeline.documents import content_id, normalise_text
 from ai_pipeline.pipeline import ANALYSE_STEP, task_id
@@ -206,9 +211,7 @@ def test_sigkill_between_checkpoint_and_upsert(
     finally:
         if proc.poll() is None:
             proc.kill()
-    checkpointed = {
-        i for i in ids if store.get_checkpoint(task_of(i)) is not None
-    }
+    checkpointed = {i for i in ids if store.get_checkpoint(task_of(i)) is not None}
     with_row = {r["document_id"] for r in store.get_results()}
     assert len(with_row) == 2 and with_row < checkpointed
     calls_before = {i: simulator.requests_for(task_of(i)) for i in ids}

@@ -1,0 +1,137 @@
+"""The ``ai-pipeline`` command as a user runs it: a real process, real exit codes, real output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ai_pipeline.store import get_store
+from ai_pipeline_tests.conftest import EXAMPLES, REPO, make_inbox, sample_text
+
+COMMANDS = ["demo", "run", "status", "simulate-llm"]
+
+
+def cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ai_pipeline.cli", *args],
+        cwd=cwd,
+        env=env if env is not None else os.environ.copy(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help(command: str | None) -> None:
+    """Every command answers --help with a usage line and exit code 0."""
+    result = cli(*([command] if command else []), "--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage: ai-pipeline" in result.stdout
+
+
+def test_demo_twice(dagster_home: Path) -> None:
+    """The demo completes every sample with one row each; a second demo makes no LLM call."""
+    samples = sorted(p for p in (EXAMPLES / "inbox").iterdir() if not p.name.startswith("."))
+    first = cli("demo", "--json")
+    assert first.returncode == 0, first.stderr[-3000:]
+    report = json.loads(first.stdout)
+    assert report["counts"]["by_state"] == {"COMPLETED": len(samples)}
+    assert report["llm_requests"] == len(samples)
+    assert get_store().count_results() == len(samples)
+
+    second = cli("demo", "--json")
+    assert second.returncode == 0, second.stderr[-3000:]
+    again = json.loads(second.stdout)
+    assert again["llm_requests"] == 0
+    assert again["counts"]["by_state"] == {"COMPLETED": len(samples)}
+    assert get_store().count_results() == len(samples)
+
+
+def test_run_reports_failures_with_exit_code_1(
+    dagster_home: Path, simulator, tmp_path: Path
+) -> None:
+    """Bad files fail with INPUT_QUALITY_ISSUE naming the file, the rest complete, exit code 1."""
+    inbox = make_inbox(
+        tmp_path / "inbox",
+        {"good-1.txt": sample_text(1), "good-2.md": sample_text(2), "empty.txt": b""},
+    )
+    (inbox / "garbage.txt").write_bytes((EXAMPLES / "bad" / "binary-garbage.txt").read_bytes())
+    (inbox / "sheet.xlsx").write_bytes(b"PK\x03\x04 not a document")
+
+    result = cli("run", "--inbox", str(inbox))
+
+    assert result.returncode == 1, result.stderr[-3000:]
+    out = result.stdout
+    assert "5 documents: COMPLETED 2, FAILED 3" in out
+    assert "INPUT_QUALITY_ISSUE 3" in out
+    for name, reason in [
+        ("empty.txt", "the file is empty"),
+        ("garbage.txt", "not valid UTF-8"),
+        ("sheet.xlsx", "unsupported file type"),
+    ]:
+        assert any(
+            line.strip().startswith(d_id) and name in line and reason in line
+            for line in out.split("why:")[1].splitlines()
+            for d_id in [line.strip()[:20]]
+        ), (name, out)
+    assert simulator.stats()["total"] == 2, "bad input never reaches the LLM"
+
+    status = cli("status", "--json")
+    assert status.returncode == 0
+    documents = json.loads(status.stdout)["documents"]
+    failed = {Path(d["source"]).name: d for d in documents if d["state"] == "FAILED"}
+    assert set(failed) == {"empty.txt", "garbage.txt", "sheet.xlsx"}
+    assert all(d["category"] == "INPUT_QUALITY_ISSUE" for d in failed.values())
+    assert all(str(inbox) in d["error"] for d in failed.values())
+
+
+def test_run_usage_errors_exit_2(dagster_home: Path, tmp_path: Path) -> None:
+    """A missing inbox, a missing API key or a bad setting is a usage error with exit code 2."""
+    env = os.environ.copy()
+    env["OPENAI_API_KEY"] = "k"
+    missing = cli("run", "--inbox", str(tmp_path / "nope"), env=env)
+    assert missing.returncode == 2
+    assert "is not a directory" in missing.stderr
+
+    env.pop("OPENAI_API_KEY")
+    no_key = cli("run", "--inbox", str(tmp_path), env=env)
+    assert no_key.returncode == 2
+    assert "OPENAI_API_KEY" in no_key.stderr
+
+    env["OPENAI_API_KEY"] = "k"
+    env["AI_PIPELINE_DOCUMENTS_PER_RUN"] = "many"
+    bad_setting = cli("run", "--inbox", str(tmp_path), env=env)
+    assert bad_setting.returncode == 2
+    assert "AI_PIPELINE_DOCUMENTS_PER_RUN" in bad_setting.stderr
+
+    unset_home = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
+    no_home = cli("status", env=unset_home, cwd=tmp_path)
+    assert no_home.returncode == 2
+    assert "DAGSTER_HOME" in no_home.stderr
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_api_key_never_in_output_or_metadata(
+    dagster_home: Path, simulator, tmp_path: Path, instance
+) -> None:
+    """The API key appears in no CLI output, run tag, run config or event of the run."""
+    from ai_pipeline_tests.conftest import TEST_API_KEY
+
+    inbox = make_inbox(tmp_path / "inbox", {"a.txt": sample_text(1), "empty.txt": b""})
+    result = cli("run", "--inbox", str(inbox), "--json", "--verbose")
+    assert result.returncode == 1
+    assert TEST_API_KEY not in result.stdout + result.stderr
+    runs = instance.get_runs()
+    assert runs
+    for run in runs:
+        assert TEST_API_KEY not in json.dumps(run.tags) + json.dumps(run.run_config, default=str)
+        for record in instance.all_logs(run.run_id):
+            assert TEST_API_KEY not in str(record)
