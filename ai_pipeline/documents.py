@@ -217,9 +217,11 @@ class InboxCursor:
     """Where the last scan of an inbox stopped.
 
     ``arrived_ns`` is the newest arrival time seen; ``names`` are the files that arrived exactly at
-    that instant (several files can share a timestamp). A file's arrival time is the later of its
-    modification and its status-change time: a file moved or copied in with an old modification time
-    (``mv``, ``cp -p``, ``rsync -t``) still gets a fresh status-change time, so it is not missed.
+    that instant (several files can share a timestamp). A file's arrival time is the latest of its
+    modification time, its status-change time and the status-change times of the folders between
+    the inbox and the file: a file moved or copied in with an old modification time (``mv``,
+    ``cp -p``, ``rsync -t``) gets a fresh status-change time, and a folder moved in gets one for
+    itself (not for its files), so neither is missed.
     """
 
     arrived_ns: int = 0
@@ -238,8 +240,16 @@ class InboxCursor:
 
 @dataclass(frozen=True)
 class InboxScan:
+    """The files that arrived since the cursor, and the cursor to pass next time.
+
+    ``revisited`` are the files among ``paths`` that count as arrived only because a folder above
+    them changed (a folder moved in, or a file added beside them): the caller should skip those it
+    already knows, without reading them.
+    """
+
     paths: list[Path]
     cursor: InboxCursor
+    revisited: frozenset[Path] = frozenset()
 
 
 def _arrival_ns(stat: os.stat_result) -> int:
@@ -266,14 +276,18 @@ def scan_inbox(
     now = now_ns if now_ns is not None else _now_ns()
     settle_ns = int(settle_seconds * 1e9)
     found: list[tuple[int, str, Path]] = []
-    for entry_path, stat in _walk(inbox):
-        arrived = _arrival_ns(stat)
+    revisited: set[Path] = set()
+    for entry_path, stat, folder_ns in _walk(inbox):
+        own = _arrival_ns(stat)
+        arrived = max(own, folder_ns)
         if now - arrived < settle_ns:
             continue
         name = str(entry_path.relative_to(inbox))
         if arrived < cursor.arrived_ns or (arrived == cursor.arrived_ns and name in cursor.names):
             continue
         found.append((arrived, name, entry_path))
+        if folder_ns > own:
+            revisited.add(entry_path)
     found.sort()
     if not found:
         return InboxScan(paths=[], cursor=cursor)
@@ -284,6 +298,7 @@ def scan_inbox(
     return InboxScan(
         paths=[path for _, _, path in found],
         cursor=InboxCursor(arrived_ns=newest, names=frozenset(names)),
+        revisited=frozenset(revisited),
     )
 
 
@@ -293,15 +308,18 @@ def _now_ns() -> int:
     return time.time_ns()
 
 
-def _walk(folder: Path) -> Iterator[tuple[Path, os.stat_result]]:
+def _walk(folder: Path, folder_ns: int = 0) -> Iterator[tuple[Path, os.stat_result, int]]:
+    """Files below ``folder`` with their stat and the newest status change of the folders above
+    them (the top folder itself excluded: it changes with every file added to it)."""
     with os.scandir(folder) as entries:
         for entry in entries:
             if entry.name.startswith("."):
                 continue
             if entry.is_dir(follow_symlinks=False):
-                yield from _walk(Path(entry.path))
+                sub_ns = max(folder_ns, entry.stat(follow_symlinks=False).st_ctime_ns)
+                yield from _walk(Path(entry.path), sub_ns)
             elif entry.is_file():
-                yield Path(entry.path), entry.stat()
+                yield Path(entry.path), entry.stat(), folder_ns
 
 
 def list_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -309,7 +327,7 @@ def list_files(paths: Iterable[str | Path]) -> list[Path]:
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            out.extend(path for path, _ in _walk(p))
+            out.extend(path for path, _, _ in _walk(p))
         else:
             out.append(p)
     return sorted(out)

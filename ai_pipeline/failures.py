@@ -21,6 +21,20 @@ INTERNAL_ERROR         internal  no         a bug or an unexpected error: look a
 
 ``retryable`` means a later run (a backfill) can fix it without a person; it does not mean "retry
 now". Only NETWORK_TIMEOUT is retried within the run, and RATE_LIMIT_EXCEEDED waits once.
+
+HTTP statuses (``category_for_status``), for the LLM endpoint and for downstream receivers:
+
+=========  ===========================  =====================================================
+status     LLM endpoint                 downstream receiver (a notification webhook)
+=========  ===========================  =====================================================
+401, 403   AUTH_FAILED                  BUSINESS_REJECTED
+408        NETWORK_TIMEOUT              NETWORK_TIMEOUT
+409        NETWORK_TIMEOUT (our key is  DUPLICATE_EXECUTION (it already has our key: done)
+           still in flight there)
+429        RATE_LIMIT_EXCEEDED          RATE_LIMIT_EXCEEDED
+other 4xx  INPUT_QUALITY_ISSUE          BUSINESS_REJECTED
+5xx        NETWORK_TIMEOUT              NETWORK_TIMEOUT
+=========  ===========================  =====================================================
 """
 
 from __future__ import annotations
@@ -125,3 +139,18 @@ class ClassifiedError(Exception):
         self.category = category
         self.message = message
         self.detail = detail
+
+
+def category_for_status(status: int, *, downstream: bool = False) -> Category:
+    """The category of an HTTP error status (400-599), from the LLM endpoint or a downstream."""
+    if not 400 <= status <= 599:
+        raise ValueError(f"{status} is not an HTTP error status")
+    if status >= 500 or status == 408:
+        return Category.NETWORK_TIMEOUT
+    if status == 429:
+        return Category.RATE_LIMIT_EXCEEDED
+    if status == 409:
+        return Category.DUPLICATE_EXECUTION if downstream else Category.NETWORK_TIMEOUT
+    if status in (401, 403) and not downstream:
+        return Category.AUTH_FAILED
+    return Category.BUSINESS_REJECTED if downstream else Category.INPUT_QUALITY_ISSUE

@@ -1,25 +1,51 @@
-"""The LLM client: one analysis call over the openai SDK, and the classification of its failures.
+"""The LLM client: analysis calls over the openai SDK, and what happens when one fails.
 
-The SDK's own retries are off (``max_retries=0``): this module decides what is retried, so that a
-retry always reuses the same task id and ``Idempotency-Key`` and is logged. Every exception the SDK
-can raise is mapped to a category of ``ai_pipeline.failures`` by ``classify``.
+The SDK's own retries are off (``max_retries=0``): this module decides, by the category of each
+failure (``ai_pipeline.failures``), and every retry reuses the same task id and ``Idempotency-Key``:
 
-Works with any OpenAI-compatible endpoint by ``base_url`` (OpenAI, Azure OpenAI's v1 endpoint,
-vLLM, Ollama, llama.cpp, the bundled simulator).
+- NETWORK_TIMEOUT (timeouts, resets, 5xx): at most ``MAX_NETWORK_RETRIES`` = 2 retries, after
+  ``min(1000·2^n, 5000)`` ms — 1 s, then 2 s — each logged ``[RETRY #n for TASK:<id>] <error>``;
+- RATE_LIMIT_EXCEEDED (429): wait ``Retry-After`` (seconds or an HTTP date; a default when absent),
+  at most once per task per rolling minute; a shared limiter (requests per minute, calls in flight)
+  keeps a run from causing 429s in the first place;
+- AUTH_FAILED (401/403): refresh the credentials once — re-read the key from its source — and
+  resubmit; if that fails too the circuit opens and every other call of the run fails fast. Until a
+  call has gone through, calls go one at a time, so bad credentials cost at most two requests;
+- everything else is final for this run.
+
+Only the document whose call failed waits; the others of the batch go on. Works with any
+OpenAI-compatible endpoint by ``base_url`` (OpenAI, Azure OpenAI, vLLM, Ollama, the simulator).
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import os
+import shlex
+import subprocess
 import time
+from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 import openai
 
-from ai_pipeline.failures import Category, ClassifiedError
+from ai_pipeline.failures import Category, ClassifiedError, category_for_status
 from ai_pipeline.prompts import ANALYSIS, Prompt
+from ai_pipeline.redaction import redact, register_secret
 
-NETWORK_STATUSES = frozenset({408, 500, 502, 503, 504})
+MAX_NETWORK_RETRIES = 2
+RATE_LIMIT_WINDOW_SECONDS = 60.0
+DEFAULT_RETRY_AFTER_SECONDS = 5.0
+MAX_RETRY_AFTER_SECONDS = 60.0
+
+
+def backoff_seconds(retry: int) -> float:
+    """Seconds to wait before network retry number ``retry`` (0-based): 1, 2, 4, … capped at 5."""
+    return min(1000 * 2**retry, 5000) / 1000
 
 
 @dataclass(frozen=True)
@@ -48,78 +74,305 @@ class LLMReply:
         return cls(**{k: payload.get(k) for k in cls.__dataclass_fields__})  # type: ignore[arg-type]
 
 
-def _status_category(status: int) -> Category:
-    if status in (401, 403):
-        return Category.AUTH_FAILED
-    if status == 429:
-        return Category.RATE_LIMIT_EXCEEDED
-    if status == 409:
-        # The endpoint already has a request under this idempotency key (still in flight or done
-        # with another body): not ours to resolve automatically, and never a reason to re-send.
-        return Category.DUPLICATE_EXECUTION
-    if status in NETWORK_STATUSES or status >= 500:
-        return Category.NETWORK_TIMEOUT
-    return Category.INPUT_QUALITY_ISSUE
-
-
 def classify(error: BaseException) -> Category:
     """The category of an exception raised by the openai SDK."""
     if isinstance(error, ClassifiedError):
         return error.category
     if isinstance(error, openai.APIStatusError):
-        return _status_category(error.status_code)
+        return category_for_status(error.status_code)
     # APITimeoutError is a subclass of APIConnectionError: both are the network layer.
     if isinstance(error, (openai.APIConnectionError, TimeoutError, ConnectionError)):
         return Category.NETWORK_TIMEOUT
-    if isinstance(error, (openai.LengthFinishReasonError, openai.ContentFilterFinishReasonError)):
-        return Category.SCHEMA_VIOLATION
-    if isinstance(error, openai.APIResponseValidationError):
+    if isinstance(
+        error,
+        (
+            openai.LengthFinishReasonError,
+            openai.ContentFilterFinishReasonError,
+            openai.APIResponseValidationError,
+        ),
+    ):
         return Category.SCHEMA_VIOLATION
     return Category.INTERNAL_ERROR
 
 
 def describe(error: BaseException) -> str:
-    """A one-line description of an SDK error that never includes request headers or keys."""
+    """A one-line description of an SDK error, without request headers or keys."""
     if isinstance(error, openai.APIStatusError):
         message = error.message if isinstance(error.message, str) else str(error.message)
-        return f"HTTP {error.status_code}: {message}"[:500]
-    return f"{type(error).__name__}: {error}"[:500]
+        text = f"HTTP {error.status_code}: {message}"
+    elif isinstance(error, openai.APITimeoutError):
+        text = "APITimeoutError: the request timed out"
+    else:
+        text = f"{type(error).__name__}: {error}"
+    return redact(text)[:500]
+
+
+def retry_after_seconds(error: BaseException, *, now: float | None = None) -> float | None:
+    """The wait a 429 asks for: ``retry-after-ms``, ``Retry-After`` in seconds or as an HTTP date."""
+    response = getattr(error, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    if (ms := headers.get("retry-after-ms")) is not None:
+        try:
+            return max(float(ms) / 1000, 0.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(when.timestamp() - (now if now is not None else time.time()), 0.0)
+
+
+class Log(Protocol):
+    def info(self, msg: str) -> Any: ...
+    def warning(self, msg: str) -> Any: ...
+    def error(self, msg: str) -> Any: ...
+
+
+class _NullLog:
+    def info(self, msg: str) -> None: ...
+    def warning(self, msg: str) -> None: ...
+    def error(self, msg: str) -> None: ...
+
+
+# --- credentials ---------------------------------------------------------------------------------
+
+
+class Credentials:
+    """The API key in use, and where a fresh one comes from when the endpoint refuses it.
+
+    The source is, in order: a file (``key_file``: its stripped content), a command
+    (``key_command``: its stripped standard output), or the environment variable ``key_env`` read
+    again. Every key read is registered for redaction.
+    """
+
+    def __init__(
+        self,
+        key: str,
+        *,
+        key_file: str | None = None,
+        key_command: str | None = None,
+        key_env: str = "OPENAI_API_KEY",
+    ):
+        self.key = key
+        self.generation = 0
+        self.key_file = key_file
+        self.key_command = key_command
+        self.key_env = key_env
+        self._lock = asyncio.Lock()
+        register_secret(key)
+
+    def read_source(self) -> str | None:
+        if self.key_file:
+            return Path(self.key_file).read_text("utf-8").strip() or None
+        if self.key_command:
+            out = subprocess.run(
+                shlex.split(self.key_command), capture_output=True, text=True, timeout=30
+            )
+            return out.stdout.strip() if out.returncode == 0 else None
+        return os.environ.get(self.key_env) or None
+
+    async def refresh(self, seen_generation: int) -> bool:
+        """Get a fresh key unless another call already did; False when no new key is to be had."""
+        async with self._lock:
+            if self.generation != seen_generation:
+                return True
+            try:
+                fresh = await asyncio.to_thread(self.read_source)
+            except (OSError, subprocess.SubprocessError):
+                return False
+            if not fresh or fresh == self.key:
+                return False
+            register_secret(fresh)
+            self.key = fresh
+            self.generation += 1
+            return True
+
+
+# --- limiting ------------------------------------------------------------------------------------
+
+
+class RateLimiter:
+    """At most ``per_minute`` requests in any rolling minute (None: no limit)."""
+
+    def __init__(
+        self,
+        per_minute: int | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ):
+        self.per_minute = per_minute
+        self._clock = clock
+        self._sleep = sleep
+        self._sent: deque[float] = deque()
+        self._lock = asyncio.Lock()
+
+    async def acquire(self) -> None:
+        if not self.per_minute:
+            return
+        async with self._lock:
+            while True:
+                now = self._clock()
+                while self._sent and now - self._sent[0] >= 60.0:
+                    self._sent.popleft()
+                if len(self._sent) < self.per_minute:
+                    self._sent.append(now)
+                    return
+                await self._sleep(60.0 - (now - self._sent[0]))
+
+
+# --- the client ----------------------------------------------------------------------------------
+
+FailureHook = Callable[[str, Category, int, str], None]
 
 
 class LLMClient:
-    """Async analysis calls against one OpenAI-compatible endpoint."""
+    """Async analysis calls against one OpenAI-compatible endpoint, for one run."""
 
     def __init__(
         self,
         *,
         base_url: str,
-        api_key: str,
+        api_key: str | Credentials,
         model: str,
         timeout_seconds: float = 60.0,
         max_concurrency: int = 8,
+        requests_per_minute: int | None = None,
         prompt: Prompt = ANALYSIS,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        on_failure: FailureHook | None = None,
     ):
         self.model = model
         self.prompt = prompt
+        self.credentials = api_key if isinstance(api_key, Credentials) else Credentials(api_key)
+        self._sleep = sleep
+        self._clock = clock
+        self.on_failure = on_failure
         self._semaphore = asyncio.Semaphore(max_concurrency)
+        self._limiter = RateLimiter(requests_per_minute, clock=clock, sleep=sleep)
+        self._last_rate_wait: dict[str, float] = {}
+        self._probe_lock = asyncio.Lock()
+        self._proven = False
+        self._circuit: ClassifiedError | None = None
         self._client = openai.AsyncOpenAI(
-            base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_seconds
+            base_url=base_url,
+            api_key=self.credentials.key,
+            max_retries=0,
+            timeout=timeout_seconds,
         )
 
-    async def analyse(self, task_id: str, text: str) -> LLMReply:
-        """One chat completion for ``text``; raises ClassifiedError on any failure."""
+    @property
+    def circuit_open(self) -> bool:
+        return self._circuit is not None
+
+    async def analyse(self, task_id: str, text: str, *, log: Log | None = None) -> LLMReply:
+        """One analysis under the retry policy; raises ClassifiedError when it cannot be had."""
+        log = log or _NullLog()
+        self._fail_fast_if_open()
+        if not self._proven:
+            # Until one call has gone through, calls go one at a time: with bad credentials the
+            # whole run then costs two requests (the first and its resubmission), not N.
+            async with self._probe_lock:
+                self._fail_fast_if_open()
+                if not self._proven:
+                    try:
+                        return await self._with_policy(task_id, text, log)
+                    finally:
+                        self._proven = self._circuit is None
+        return await self._with_policy(task_id, text, log)
+
+    def _fail_fast_if_open(self) -> None:
+        if self._circuit is not None:
+            raise ClassifiedError(
+                self._circuit.category,
+                f"not sent: the circuit is open after {self._circuit.message}",
+            )
+
+    async def _with_policy(self, task_id: str, text: str, log: Log) -> LLMReply:
+        network_retries = 0
+        refreshed = False
+        attempt = 0
+        while True:
+            attempt += 1
+            generation = self.credentials.generation
+            try:
+                return await self._send(task_id, text)
+            except Exception as e:
+                error = e
+            category, message = classify(error), describe(error)
+            if category == Category.NETWORK_TIMEOUT and network_retries < MAX_NETWORK_RETRIES:
+                delay = backoff_seconds(network_retries)
+                network_retries += 1
+                log.warning(f"[RETRY #{network_retries} for TASK:{task_id}] {message}")
+                self._report(task_id, category, attempt, f"{message}; retry in {delay:g} s")
+                await self._sleep(delay)
+                continue
+            if category == Category.RATE_LIMIT_EXCEEDED:
+                wait = self._rate_limit_wait(task_id, error)
+                if wait is not None:
+                    log.warning(f"[RATE LIMIT for TASK:{task_id}] {message}; waiting {wait:g} s")
+                    self._report(task_id, category, attempt, f"{message}; waited {wait:g} s")
+                    await self._sleep(wait)
+                    continue
+                message += "; already waited once within the minute, or asked to wait too long"
+            if category == Category.AUTH_FAILED:
+                if not refreshed:
+                    refreshed = True
+                    if await self.credentials.refresh(generation):
+                        self._client = self._client.with_options(api_key=self.credentials.key)
+                        log.warning(
+                            f"[AUTH for TASK:{task_id}] {message}; credentials refreshed, "
+                            "resubmitting under the same task id"
+                        )
+                        self._report(task_id, category, attempt, f"{message}; refreshed")
+                        continue
+                    message += "; no fresh credentials at the source"
+                else:
+                    message += "; refused again after refreshing the credentials"
+                self._circuit = ClassifiedError(category, message)
+                log.error(f"[CIRCUIT for TASK:{task_id}] {message}: open, the run stops calling")
+            if category == Category.NETWORK_TIMEOUT:
+                message += f" (after {network_retries} retries)"
+            raise ClassifiedError(category, message) from error
+
+    def _rate_limit_wait(self, task_id: str, error: BaseException) -> float | None:
+        now = self._clock()
+        last = self._last_rate_wait.get(task_id)
+        if last is not None and now - last < RATE_LIMIT_WINDOW_SECONDS:
+            return None
+        wait = retry_after_seconds(error)
+        wait = DEFAULT_RETRY_AFTER_SECONDS if wait is None else wait
+        if wait > MAX_RETRY_AFTER_SECONDS:
+            return None
+        self._last_rate_wait[task_id] = now
+        return wait
+
+    def _report(self, task_id: str, category: Category, attempt: int, message: str) -> None:
+        if self.on_failure is not None:
+            self.on_failure(task_id, category, attempt, message)
+
+    async def _send(self, task_id: str, text: str) -> LLMReply:
+        await self._limiter.acquire()
         async with self._semaphore:
             started = time.monotonic()
-            try:
-                completion = await self._client.chat.completions.create(
-                    model=self.model,
-                    messages=self.prompt.messages(text),  # type: ignore[arg-type]
-                    temperature=0,
-                    response_format={"type": "json_object"},
-                    extra_headers={"Idempotency-Key": task_id},
-                )
-            except Exception as e:
-                raise ClassifiedError(classify(e), describe(e)) from e
+            completion = await self._client.chat.completions.create(
+                model=self.model,
+                messages=self.prompt.messages(text),  # type: ignore[arg-type]
+                temperature=0,
+                response_format={"type": "json_object"},
+                extra_headers={"Idempotency-Key": task_id},
+            )
         choice = completion.choices[0] if completion.choices else None
         if choice is None:
             raise ClassifiedError(Category.SCHEMA_VIOLATION, "the reply has no choices")

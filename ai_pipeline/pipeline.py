@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from ai_pipeline.failures import Category, ClassifiedError
 from ai_pipeline.llm import LLMClient, LLMReply
+from ai_pipeline.redaction import redact
 from ai_pipeline.schema import DEFAULT_MIN_CONFIDENCE, CheckOutcome, evaluate
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
@@ -45,6 +46,22 @@ def task_id(document_id: str, step: str, prompt_version: str, model: str) -> str
     """
     model_tag = hashlib.sha256(model.encode("utf-8")).hexdigest()[:8]
     return f"{document_id}-{step}-{prompt_version}-{model_tag}"
+
+
+SNAPSHOT_CHARS = 200
+
+
+def snapshot(doc: dict[str, Any]) -> dict[str, Any]:
+    """What a reviewer needs to see of a document's input, without opening the file."""
+    text = doc.get("text") or ""
+    return {
+        "source": doc["source"],
+        "kind": doc["kind"],
+        "size_bytes": doc["size_bytes"],
+        "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest() if text else None,
+        "first_characters": text[:SNAPSHOT_CHARS],
+        "rejected_reason": doc.get("rejected_reason"),
+    }
 
 
 class Log(Protocol):
@@ -86,13 +103,13 @@ class TaskLog:
         self._log, self.prefix = log, f"[TASK:{task}]"
 
     def info(self, msg: str) -> None:
-        self._log.info(f"{self.prefix} {msg}")
+        self._log.info(redact(f"{self.prefix} {msg}"))
 
     def warning(self, msg: str) -> None:
-        self._log.warning(f"{self.prefix} {msg}")
+        self._log.warning(redact(f"{self.prefix} {msg}"))
 
     def error(self, msg: str) -> None:
-        self._log.error(f"{self.prefix} {msg}")
+        self._log.error(redact(f"{self.prefix} {msg}"))
 
 
 def _claim(store: Store, document_id: str, run_id: str | None) -> State:
@@ -131,6 +148,8 @@ class Analyser:
         self.run_id = run_id
         self.min_confidence = min_confidence
         self.write_results = write_results
+        if llm.on_failure is None:
+            llm.on_failure = self._record_attempt
 
     def task_for(self, document_id: str) -> str:
         return task_id(document_id, ANALYSE_STEP, self.llm.prompt.version, self.llm.model)
@@ -161,18 +180,14 @@ class Analyser:
             # Stages append as they finish, so the ones done before a failure are still reported.
             await self._stages(doc, task, log, events)
         except ClassifiedError as e:
-            events.append(StageFailed(document_id, _stage_of(e), e.category, e.message, task))
-        except Exception as e:  # a bug must fail this document, not the batch
-            log.error(f"unexpected error: {type(e).__name__}: {e}")
             events.append(
-                StageFailed(
-                    document_id,
-                    "document_text",
-                    Category.INTERNAL_ERROR,
-                    f"{type(e).__name__}: {e}"[:500],
-                    task,
-                )
+                StageFailed(document_id, _stage_of(e), e.category, redact(e.message), task)
             )
+        except Exception as e:  # a bug must fail this document, not the batch
+            message = redact(f"{type(e).__name__}: {e}")[:500]
+            log.error(f"unexpected error: {message}")
+            stage = STAGES[min(len(events), len(STAGES) - 1)]
+            events.append(StageFailed(document_id, stage, Category.INTERNAL_ERROR, message, task))
         failure = next((e for e in events if isinstance(e, StageFailed)), None)
         if previous == State.COMPLETED:
             return events
@@ -180,25 +195,41 @@ class Analyser:
             self.store.transition(document_id, State.COMPLETED, task_id=task)
             log.info("completed")
         else:
-            self.store.transition(
-                document_id,
-                State.FAILED,
-                category=failure.category,
-                error=failure.error,
-                task_id=task,
-                count_attempt=True,
-            )
-            attempts = self.store.get_document(document_id)["attempts"]  # type: ignore[index]
-            self.store.record_failure(
-                document_id,
-                failure.category,
-                failure.error,
-                task_id=task,
-                run_id=self.run_id,
-                attempt=attempts,
-            )
-            log.error(f"failed at {failure.stage}: {failure.category.value}: {failure.error}")
+            self._fail(doc, failure, log)
         return events
+
+    def _fail(self, doc: dict[str, Any], failure: StageFailed, log: TaskLog) -> None:
+        """Record a document's failure: its state, a failure event, and a person's queue if due."""
+        document_id, task = doc["document_id"], failure.task_id
+        self.store.transition(
+            document_id,
+            State.FAILED,
+            category=failure.category,
+            error=failure.error,
+            task_id=task,
+            count_attempt=True,
+        )
+        attempts = self.store.get_document(document_id)["attempts"]  # type: ignore[index]
+        self.store.record_failure(
+            document_id,
+            failure.category,
+            failure.error,
+            task_id=task,
+            run_id=self.run_id,
+            attempt=attempts,
+        )
+        if failure.category.needs_person:
+            self.store.open_review(
+                document_id, failure.category, failure.error, snapshot(doc), task_id=task
+            )
+        log.error(f"failed at {failure.stage}: {failure.category.value}: {failure.error}")
+
+    def _record_attempt(self, task: str, category: Category, attempt: int, error: str) -> None:
+        """A failed attempt that the client retries or waits out: an event, not a state."""
+        document_id = task.split("-", 1)[0]
+        self.store.record_failure(
+            document_id, category, error, task_id=task, run_id=self.run_id, attempt=attempt
+        )
 
     async def _stages(
         self, doc: dict[str, Any], task: str, log: TaskLog, events: list[Event]
@@ -232,7 +263,7 @@ class Analyser:
         if payload is None:
             log.info(f"calling {self.llm.model} (prompt {self.llm.prompt.version})")
             try:
-                reply = await self.llm.analyse(task, text)
+                reply = await self.llm.analyse(task, text, log=log)
             except ClassifiedError as e:
                 raise _StageError("llm_analysis", e.category, e.message) from e
             # Durable before anything else is done with it: a crash after this line never pays
@@ -267,6 +298,9 @@ class Analyser:
         failed_check = verdict.failure
         if failed_check is not None or verdict.analysis is None:
             assert failed_check is not None and failed_check.category is not None
+            if failed_check.category == Category.MODEL_HALLUCINATION:
+                # Kept for the audit, never used as a result.
+                self.store.quarantine_output(document_id, task, reply.content, failed_check.message)
             raise _StageError("validated_analysis", failed_check.category, failed_check.message)
         analysis = verdict.analysis
         events.append(

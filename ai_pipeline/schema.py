@@ -85,7 +85,11 @@ class Evaluation:
 
     @property
     def failure(self) -> CheckOutcome | None:
-        return next((o for o in self.outcomes if not o.passed), None)
+        """The failed check that decides the category; an ungrounded output is quarantined even
+        when its confidence is low too."""
+        failed = [o for o in self.outcomes if not o.passed]
+        hallucination = [o for o in failed if o.category == Category.MODEL_HALLUCINATION]
+        return (hallucination or failed or [None])[0]
 
 
 def _schema_error(e: ValidationError) -> str:

@@ -44,6 +44,15 @@ SETTINGS: dict[str, Setting] = {
     "llm_timeout_seconds": Setting(
         "AI_PIPELINE_LLM_TIMEOUT", 60.0, "seconds before one LLM call times out"
     ),
+    "llm_requests_per_minute": Setting(
+        "AI_PIPELINE_LLM_RPM", 0, "LLM requests per rolling minute within one run (0: no limit)"
+    ),
+    "api_key_file": Setting(
+        "AI_PIPELINE_API_KEY_FILE", None, "file holding a fresh API key after a 401/403"
+    ),
+    "api_key_command": Setting(
+        "AI_PIPELINE_API_KEY_COMMAND", None, "command printing a fresh API key after a 401/403"
+    ),
     "documents_per_run": Setting(
         "AI_PIPELINE_DOCUMENTS_PER_RUN", 25, "documents in one run (sensor, CLI and backfills)"
     ),
@@ -69,6 +78,9 @@ class Settings:
     model: str
     llm_concurrency: int
     llm_timeout_seconds: float
+    llm_requests_per_minute: int
+    api_key_file: str | None
+    api_key_command: str | None
     documents_per_run: int
     max_document_bytes: int
     min_confidence: float

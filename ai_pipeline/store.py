@@ -12,6 +12,8 @@ Tables:
   model); its existence means the task is done. First write wins.
 - ``results``: the analysis, one row per document, ever (written by the results IO manager).
 - ``failure_events``: every classification of a failure, appended, for reports.
+- ``review_queue``: one open item per document that needs a person, with a snapshot of its input.
+- ``quarantine``: LLM outputs that failed grounding; kept for audit, never used as results.
 
 Dagster knows nothing of this module; ``ai_pipeline.defs.resources`` wires it in.
 """
@@ -60,6 +62,7 @@ document_sources = sa.Table(
     sa.Column("document_id", sa.String(64), primary_key=True),
     sa.Column("source", sa.Text, primary_key=True),
     sa.Column("first_seen_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Index("ix_document_sources_source", "source"),
 )
 
 checkpoints = sa.Table(
@@ -103,6 +106,32 @@ failure_events = sa.Table(
     sa.Column("layer", sa.String(16), nullable=False),
     sa.Column("attempt", sa.Integer, nullable=False),
     sa.Column("error", sa.Text, nullable=False),
+)
+
+review_queue = sa.Table(
+    "review_queue",
+    metadata,
+    sa.Column("document_id", sa.String(64), primary_key=True),
+    sa.Column("task_id", sa.String(128), nullable=True),
+    sa.Column("category", sa.String(32), nullable=False),
+    sa.Column("error", sa.Text, nullable=False),
+    sa.Column("snapshot", sa.JSON, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("decision", sa.String(32), nullable=True),
+    sa.Column("decided_by", sa.String(128), nullable=True),
+    sa.Column("note", sa.Text, nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+quarantine = sa.Table(
+    "quarantine",
+    metadata,
+    sa.Column("task_id", sa.String(128), primary_key=True),
+    sa.Column("document_id", sa.String(64), nullable=False, index=True),
+    sa.Column("output", sa.Text, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
 )
 
 RESULT_FIELDS = ("keywords", "summary", "sentiment", "entities", "confidence")
@@ -235,6 +264,20 @@ class Store:
             for r in conn.execute(query):
                 out.setdefault(r.document_id, []).append(r.source)
         return out
+
+    def known_sources(self, sources: Iterable[str]) -> set[str]:
+        """Which of these file paths have been registered before (under any content)."""
+        wanted = list(sources)
+        known: set[str] = set()
+        with self.engine.connect() as conn:
+            for i in range(0, len(wanted), 500):
+                rows = conn.execute(
+                    sa.select(document_sources.c.source).where(
+                        document_sources.c.source.in_(wanted[i : i + 500])
+                    )
+                )
+                known.update(r.source for r in rows)
+        return known
 
     def transition(
         self,
@@ -402,6 +445,71 @@ class Store:
         query = sa.select(failure_events).order_by(failure_events.c.id)
         if document_id:
             query = query.where(failure_events.c.document_id == document_id)
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+    # --- review queue and quarantine ---------------------------------------------------------
+
+    def open_review(
+        self,
+        document_id: str,
+        category: Category,
+        error: str,
+        snapshot: dict[str, Any],
+        *,
+        task_id: str | None = None,
+    ) -> None:
+        """Put a document in front of a person; a later failure of it updates the same item."""
+        now = utcnow()
+        row = {
+            "document_id": document_id,
+            "task_id": task_id,
+            "category": category.value,
+            "error": error,
+            "snapshot": snapshot,
+            "status": "open",
+            "decision": None,
+            "decided_by": None,
+            "note": None,
+            "created_at": now,
+            "updated_at": now,
+        }
+        stmt = self._insert(review_queue).values(row)
+        with self.engine.begin() as conn:
+            conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=["document_id"],
+                    set_={
+                        k: stmt.excluded[k] for k in row if k not in ("document_id", "created_at")
+                    },
+                )
+            )
+
+    def review_items(self, status: str | None = "open") -> list[dict[str, Any]]:
+        query = sa.select(review_queue).order_by(review_queue.c.created_at)
+        if status:
+            query = query.where(review_queue.c.status == status)
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+    def quarantine_output(self, document_id: str, task_id: str, output: str, reason: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                self._insert(quarantine)
+                .values(
+                    task_id=task_id,
+                    document_id=document_id,
+                    output=output,
+                    reason=reason,
+                    at=utcnow(),
+                )
+                .on_conflict_do_nothing()
+            )
+
+    def quarantined(self, document_id: str | None = None) -> list[dict[str, Any]]:
+        query = sa.select(quarantine).order_by(quarantine.c.at)
+        if document_id:
+            query = query.where(quarantine.c.document_id == document_id)
         with self.engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(query)]
 

@@ -441,7 +441,10 @@ def test_newly_written_file_is_found_alone(tmp_path: Path) -> None:
     new = inbox / "sub" / "new.txt"
     new.write_text("new arrival", encoding="utf-8")
     second = scan_inbox(inbox, first.cursor)
-    assert second.paths == [new]
+    # Its folder changed too, so its siblings come back marked as revisited (the caller skips the
+    # ones it knows without reading them); the new file itself is not.
+    assert [p for p in second.paths if p not in second.revisited] == [new]
+    assert second.revisited == {p for p in (inbox / "sub").iterdir() if p != new}
     assert second.cursor.arrived_ns == _arrival_ns(new) >= first.cursor.arrived_ns
     assert "sub/new.txt" in second.cursor.names
     assert scan_inbox(inbox, second.cursor).paths == []

@@ -9,7 +9,7 @@ from typing import Any
 import dagster as dg
 import pandas as pd
 
-from ai_pipeline.llm import LLMClient
+from ai_pipeline.llm import Credentials, LLMClient
 from ai_pipeline.settings import Settings
 from ai_pipeline.store import Store, get_store
 from ai_pipeline.store import results as results_table
@@ -51,20 +51,30 @@ class LLMResource(dg.ConfigurableResource):
     model: str | None = None
     timeout_seconds: float | None = None
     max_concurrency: int | None = None
+    requests_per_minute: int | None = None
+    api_key_file: str | None = None
+    api_key_command: str | None = None
 
-    def client(self) -> LLMClient:
+    def client(self, **kwargs: Any) -> LLMClient:
         s = Settings.load(
             base_url=self.base_url,
             model=self.model,
             llm_timeout_seconds=self.timeout_seconds,
             llm_concurrency=self.max_concurrency,
+            llm_requests_per_minute=self.requests_per_minute,
+            api_key_file=self.api_key_file,
+            api_key_command=self.api_key_command,
         )
         return LLMClient(
             base_url=s.base_url or "https://api.openai.com/v1",
-            api_key=self.api_key,
+            api_key=Credentials(
+                self.api_key, key_file=s.api_key_file, key_command=s.api_key_command
+            ),
             model=s.model,
             timeout_seconds=s.llm_timeout_seconds,
             max_concurrency=s.llm_concurrency,
+            requests_per_minute=s.llm_requests_per_minute or None,
+            **kwargs,
         )
 
 

@@ -39,7 +39,16 @@ def inbox_sensor(
     if not scan.paths:
         return dg.SkipReason(f"no new files in {config.inbox}")
     store = results_store.get()
-    registered = register_files(store, scan.paths, max_bytes=config.max_document_bytes)
+    # Files that count as new only because a folder above them changed are read only if their path
+    # was never registered: a folder that gains a file is not read again whole.
+    known = store.known_sources(str(p) for p in scan.revisited)
+    paths = [p for p in scan.paths if not (p in scan.revisited and str(p) in known)]
+    if not paths:
+        return dg.SensorResult(
+            cursor=scan.cursor.serialize(),
+            skip_reason=dg.SkipReason(f"no new files in {config.inbox} (a folder changed)"),
+        )
+    registered = register_files(store, paths, max_bytes=config.max_document_bytes)
     new_ids = unique_in_order(
         r.document_id
         for r in registered
@@ -47,7 +56,7 @@ def inbox_sensor(
     )
     aliases = len(registered) - len(new_ids)
     context.log.info(
-        f"{len(scan.paths)} new files: {len(new_ids)} new documents, {aliases} already known"
+        f"{len(paths)} new files: {len(new_ids)} new documents, {aliases} already known"
     )
     for r in registered:
         if r.rejected_reason:
