@@ -79,7 +79,10 @@ def classify(error: BaseException) -> Category:
     if isinstance(error, ClassifiedError):
         return error.category
     if isinstance(error, openai.APIStatusError):
-        return category_for_status(error.status_code)
+        status = getattr(error, "status_code", None)
+        if isinstance(status, int) and 400 <= status <= 599:
+            return category_for_status(status)
+        return Category.INTERNAL_ERROR
     # APITimeoutError is a subclass of APIConnectionError: both are the network layer.
     if isinstance(error, (openai.APIConnectionError, TimeoutError, ConnectionError)):
         return Category.NETWORK_TIMEOUT

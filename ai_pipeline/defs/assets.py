@@ -141,9 +141,10 @@ def analyse_documents(
             )
     if failed:
         raise dg.Failure(
-            description=(
-                f"{len(failed)} of {len(document_ids)} documents failed: "
-                + ", ".join(f"{d} ({f.category.value})" for d, f in sorted(failed.items()))
+            description=f"{len(failed)} of {len(document_ids)} documents failed:\n"
+            + "\n".join(
+                f"[TASK:{f.task_id}] {f.category.value} at {f.stage}: {f.error}"
+                for _, f in sorted(failed.items())
             ),
             metadata={
                 d: dg.MetadataValue.text(f"{f.category.value} at {f.stage}: {f.error}"[:1000])

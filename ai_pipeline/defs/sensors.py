@@ -14,6 +14,8 @@ from ai_pipeline.defs.partitions import documents_partitions
 from ai_pipeline.defs.resources import PipelineSettings, ResultsStore
 from ai_pipeline.documents import InboxCursor, scan_inbox
 from ai_pipeline.intake import batches, register_files, unique_in_order
+from ai_pipeline.pipeline import ANALYSE_STEP, task_id
+from ai_pipeline.prompts import ANALYSIS
 from ai_pipeline.states import State
 
 SENSOR_INTERVAL_SECONDS = int(os.environ.get("AI_PIPELINE_SENSOR_INTERVAL", "30"))
@@ -60,7 +62,11 @@ def inbox_sensor(
     )
     for r in registered:
         if r.rejected_reason:
-            context.log.warning(f"[TASK:{r.document_id}] {r.source}: {r.rejected_reason}")
+            task = task_id(r.document_id, ANALYSE_STEP, ANALYSIS.version, config.model)
+            context.log.warning(
+                f"[TASK:{task}] {r.source}: {r.rejected_reason} (it will fail as "
+                "INPUT_QUALITY_ISSUE)"
+            )
     if not new_ids:
         return dg.SensorResult(
             cursor=scan.cursor.serialize(),
