@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import math
 import os
 import shlex
 import subprocess
@@ -38,6 +39,7 @@ from ai_pipeline.prompts import ANALYSIS, Prompt
 from ai_pipeline.redaction import redact, register_secret
 
 MAX_NETWORK_RETRIES = 2
+MAX_NETWORK_PROBES = 3
 RATE_LIMIT_WINDOW_SECONDS = 60.0
 DEFAULT_RETRY_AFTER_SECONDS = 5.0
 MAX_RETRY_AFTER_SECONDS = 60.0
@@ -118,16 +120,19 @@ def retry_after_seconds(error: BaseException, *, now: float | None = None) -> fl
         return None
     if (ms := headers.get("retry-after-ms")) is not None:
         try:
-            return max(float(ms) / 1000, 0.0)
+            if math.isfinite(float(ms)):
+                return max(float(ms) / 1000, 0.0)
         except ValueError:
             pass
     value = headers.get("retry-after")
     if value is None:
         return None
     try:
-        return max(float(value), 0.0)
+        seconds = float(value)
     except ValueError:
-        pass
+        seconds = None
+    if seconds is not None:
+        return max(seconds, 0.0) if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
@@ -267,6 +272,7 @@ class LLMClient:
         self._last_rate_wait: dict[str, float] = {}
         self._probe_lock = asyncio.Lock()
         self._proven = False
+        self._probe_failures = 0
         self._circuit: ClassifiedError | None = None
         self._client = openai.AsyncOpenAI(
             base_url=base_url,
@@ -290,9 +296,21 @@ class LLMClient:
                 self._fail_fast_if_open()
                 if not self._proven:
                     try:
-                        return await self._with_policy(task_id, text, log)
-                    finally:
-                        self._proven = self._circuit is None
+                        reply = await self._with_policy(task_id, text, log)
+                    except ClassifiedError as e:
+                        # Only an answer proves the credentials: after a network failure the next
+                        # call probes again, but not forever — an endpoint that stays unreachable
+                        # gains nothing from calls made one at a time.
+                        if e.category == Category.NETWORK_TIMEOUT:
+                            self._probe_failures += 1
+                        if e.category != Category.AUTH_FAILED and (
+                            e.category != Category.NETWORK_TIMEOUT
+                            or self._probe_failures >= MAX_NETWORK_PROBES
+                        ):
+                            self._proven = True
+                        raise
+                    self._proven = True
+                    return reply
         return await self._with_policy(task_id, text, log)
 
     def _fail_fast_if_open(self) -> None:

@@ -16,7 +16,10 @@ MASK = "[REDACTED]"
 
 _PATTERNS = (
     re.compile(r"\bsk-[A-Za-z0-9_\-]{6,}"),
-    re.compile(r"(?i)\b(bearer|api[-_ ]?key|authorization)([\s:=\"']+)[A-Za-z0-9_\-\.=]{6,}"),
+    # "Authorization: Bearer X", "Bearer X", "api_key=X": the credential is the last word.
+    re.compile(
+        r"(?i)\b(bearer|api[-_ ]?key|authorization)([\s:=\"']+)(?:bearer\s+)?[A-Za-z0-9_\-\.=]{6,}"
+    ),
     re.compile(r"(?<=://)([^:/@\s]+):([^@/\s]+)@"),
 )
 

@@ -109,7 +109,9 @@ def evaluate(
 ) -> Evaluation:
     """Run the checks in order; a check that cannot run because an earlier one failed is omitted."""
     ev = Evaluation()
-    phrase = find_refusal(reply, source_text)
+    # A reply that is not JSON and holds a refusal phrase is a refusal even if the document says
+    # the same words (a document may ask the model to answer "I don't know").
+    phrase = find_refusal(reply)
     try:
         parsed = Analysis.model_validate_json(reply)
     except ValidationError as e:
