@@ -12,192 +12,124 @@ import argparse
 import json
 import os
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from ai_pipeline.cli_common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    emit,
+    ensure_dagster_home,
+    exit_code,
+    instance,
+    report_for,
+    say,
+)
+
 DEMO_API_KEY = "sim-demo-key"
 DEMO_MODEL = "sim-analyst-1"
 QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
-class UsageError(Exception):
-    """A usage or configuration problem: printed as one line, exit code 2."""
-
-
-def _ensure_dagster_home() -> Path:
-    home = os.environ.get("DAGSTER_HOME")
-    if not home:
-        if Path("dagster.yaml").is_file():
-            home = os.getcwd()
-            os.environ["DAGSTER_HOME"] = home
-        else:
-            raise UsageError(
-                "DAGSTER_HOME is not set and there is no dagster.yaml here: set DAGSTER_HOME to "
-                "the folder holding the instance's dagster.yaml (the checkout, for the embedded "
-                "default)"
-            )
-    path = Path(home).resolve()
-    if not path.is_dir():
-        raise UsageError(f"DAGSTER_HOME={home} is not a directory")
-    return path
-
-
-def _instance() -> Any:
-    import dagster as dg
-
-    _ensure_dagster_home()
-    return dg.DagsterInstance.get()
-
-
 # --- processing ----------------------------------------------------------------------------------
 
 
-def process_inbox(inbox: Path, *, quiet: bool = False, verbose: bool = False) -> dict[str, Any]:
-    """Register the inbox's files and analyse every document not yet completed, via Dagster."""
-    import dagster as dg
-
-    from ai_pipeline.definitions import defs
-    from ai_pipeline.defs.assets import ANALYSIS_RESULTS
-    from ai_pipeline.defs.jobs import ANALYSIS_JOB_NAME, range_tags
+def register_inbox(inbox: Path, *, quiet: bool = False) -> tuple[int, list[str]]:
+    """Register every file of ``inbox`` as a document and a partition; (files, document ids)."""
     from ai_pipeline.defs.partitions import documents_partitions
     from ai_pipeline.documents import list_files
-    from ai_pipeline.intake import contiguous_ranges, register_files, unique_in_order
+    from ai_pipeline.intake import register_files, unique_in_order
     from ai_pipeline.settings import Settings
-    from ai_pipeline.states import State
     from ai_pipeline.store import get_store
 
     if not inbox.is_dir():
         raise UsageError(f"inbox {inbox} is not a directory")
     settings = Settings.load()
-    instance = _instance()
-    store = get_store(settings.database_url)
+    inst = instance()
     paths = list_files([inbox])
-    registered = register_files(store, paths, max_bytes=settings.max_document_bytes)
-    document_ids = unique_in_order(r.document_id for r in registered)
-    partition_name = documents_partitions.name
-    assert partition_name is not None
-    missing = [d for d in document_ids if not instance.has_dynamic_partition(partition_name, d)]
-    if missing:
-        instance.add_dynamic_partitions(partition_name, missing)
-    states = {d["document_id"]: d["state"] for d in store.get_documents(document_ids)}
-    # Done means done in both places: a run killed after a document's results were written but
-    # before Dagster heard of it leaves the document COMPLETED here and unmaterialized there; a
-    # rerun re-reports it from its checkpoints without an LLM call.
-    in_dagster = (
-        instance.get_status_by_partition(ANALYSIS_RESULTS, document_ids, documents_partitions) or {}
+    registered = register_files(
+        get_store(settings.database_url), paths, max_bytes=settings.max_document_bytes
     )
-    todo = [
+    document_ids = unique_in_order(r.document_id for r in registered)
+    name = documents_partitions.name or "documents"
+    missing = [d for d in document_ids if not inst.has_dynamic_partition(name, d)]
+    if missing:
+        inst.add_dynamic_partitions(name, missing)
+    say(
+        quiet,
+        f"{len(paths)} files → {len(document_ids)} documents "
+        f"({len(paths) - len(document_ids)} duplicates)",
+    )
+    return len(paths), document_ids
+
+
+def not_done(document_ids: Sequence[str]) -> list[str]:
+    """The documents not completed, here or in Dagster.
+
+    Done means done in both places: a run killed after a document's results were written but before
+    Dagster heard of it leaves the document COMPLETED here and unmaterialized there; a rerun
+    re-reports it from its checkpoints without an LLM call.
+    """
+    import dagster as dg
+
+    from ai_pipeline.defs.assets import ANALYSIS_RESULTS
+    from ai_pipeline.defs.partitions import documents_partitions
+    from ai_pipeline.settings import Settings
+    from ai_pipeline.states import State
+    from ai_pipeline.store import get_store
+
+    store = get_store(Settings.load().database_url)
+    states = {d["document_id"]: d["state"] for d in store.get_documents(document_ids)}
+    in_dagster = (
+        instance().get_status_by_partition(ANALYSIS_RESULTS, document_ids, documents_partitions)
+        or {}
+    )
+    return [
         d
         for d in document_ids
         if states.get(d) != State.COMPLETED.value
         or in_dagster.get(d) != dg.AssetPartitionStatus.MATERIALIZED
     ]
-    _say(
-        quiet,
-        f"{len(paths)} files → {len(document_ids)} documents "
-        f"({len(paths) - len(document_ids)} duplicates), {len(todo)} to analyse",
-    )
+
+
+def execute(
+    document_ids: Sequence[str], *, quiet: bool = False, verbose: bool = False
+) -> list[dict[str, Any]]:
+    """Analyse documents in this process through Dagster, in range runs of contiguous partitions."""
+    from ai_pipeline.definitions import defs
+    from ai_pipeline.defs.jobs import ANALYSIS_JOB_NAME, range_tags
+    from ai_pipeline.defs.partitions import documents_partitions
+    from ai_pipeline.intake import contiguous_ranges
+    from ai_pipeline.settings import Settings
+
+    inst = instance()
     job = defs.resolve_job_def(ANALYSIS_JOB_NAME)
-    ordered = instance.get_dynamic_partitions(partition_name)
-    ranges = contiguous_ranges(todo, ordered, settings.documents_per_run)
+    ordered = inst.get_dynamic_partitions(documents_partitions.name or "documents")
+    ranges = contiguous_ranges(document_ids, ordered, Settings.load().documents_per_run)
     runs = []
     for i, batch in enumerate(ranges, 1):
-        _say(quiet, f"run {i}/{len(ranges)}: {len(batch)} documents …")
+        say(quiet, f"run {i}/{len(ranges)}: {len(batch)} documents …")
         result = job.execute_in_process(
-            instance=instance,
+            instance=inst,
             tags=range_tags(batch),
             raise_on_error=False,
             # The run's events are in the instance (and the UI); the terminal gets the table.
             run_config=None if verbose else QUIET_RUN_CONFIG,
         )
         runs.append({"run_id": result.run_id, "documents": len(batch), "success": result.success})
-        _say(quiet, f"run {i}/{len(ranges)}: {'succeeded' if result.success else 'had failures'}")
-    return {"inbox": str(inbox), "files": len(paths), "runs": runs, **_report(document_ids)}
+        say(quiet, f"run {i}/{len(ranges)}: {'succeeded' if result.success else 'had failures'}")
+    return runs
 
 
-def _report(document_ids: Sequence[str] | None = None) -> dict[str, Any]:
-    from ai_pipeline.settings import Settings
-    from ai_pipeline.store import get_store
-
-    store = get_store(Settings.load().database_url)
-    docs = store.get_documents(document_ids)
-    sources = store.sources(document_ids)
-    results = {r["document_id"]: r for r in store.get_results(document_ids)}
-    rows = []
-    for d in docs:
-        result = results.get(d["document_id"])
-        rows.append(
-            {
-                "document_id": d["document_id"],
-                "source": d["source"],
-                "sources": sources.get(d["document_id"], [d["source"]]),
-                "state": d["state"],
-                "category": d["category"],
-                "attempts": d["attempts"],
-                "error": d["last_error"] if d["state"] != "COMPLETED" else None,
-                "summary": result["summary"] if result else None,
-                "sentiment": result["sentiment"] if result else None,
-                "updated_at": d["updated_at"].isoformat() if d["updated_at"] else None,
-            }
-        )
-    by_state = Counter(r["state"] for r in rows)
-    by_category = Counter(
-        r["category"] for r in rows if r["category"] and r["state"] != "COMPLETED"
-    )
-    return {
-        "documents": rows,
-        "counts": {
-            "total": len(rows),
-            "by_state": dict(sorted(by_state.items())),
-            "by_category": dict(sorted(by_category.items())),
-        },
-    }
-
-
-def _say(quiet: bool, message: str) -> None:
-    if not quiet:
-        print(message, file=sys.stderr, flush=True)
-
-
-def _clip(text: str | None, width: int) -> str:
-    text = " ".join((text or "").split())
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def print_table(report: dict[str, Any]) -> None:
-    print(f"{'DOCUMENT':<20}  {'STATE':<11}  {'CATEGORY':<19}  {'SOURCE':<36}  SUMMARY / ERROR")
-    for r in report["documents"]:
-        detail = r["summary"] if r["state"] == "COMPLETED" else r["error"]
-        print(
-            f"{r['document_id']:<20}  {r['state']:<11}  {r['category'] or '-':<19}  "
-            f"{_clip(Path(r['source']).name, 36):<36}  {_clip(detail, 70)}"
-        )
-    counts = report["counts"]
-    states = ", ".join(f"{k} {v}" for k, v in counts["by_state"].items()) or "none"
-    print(f"\n{counts['total']} documents: {states}")
-    if counts["by_category"]:
-        print(
-            "failed by category: " + ", ".join(f"{k} {v}" for k, v in counts["by_category"].items())
-        )
-    failed = [r for r in report["documents"] if r["state"] not in ("COMPLETED", "PENDING")]
-    if failed:
-        print("\nwhy:")
-        for r in failed:
-            print(f"  {r['document_id']}  {r['state']} {r['category'] or ''}: {r['error'] or ''}")
-
-
-def _emit(args: argparse.Namespace, report: dict[str, Any]) -> None:
-    if args.json:
-        print(json.dumps(report, ensure_ascii=False, indent=2, default=str))
-    else:
-        print_table(report)
-
-
-def _exit_code(report: dict[str, Any]) -> int:
-    return EXIT_OK if all(r["state"] == "COMPLETED" for r in report["documents"]) else EXIT_FAILED
+def process_inbox(inbox: Path, *, quiet: bool = False, verbose: bool = False) -> dict[str, Any]:
+    """Register the inbox's files and analyse every document not yet completed, via Dagster."""
+    files, document_ids = register_inbox(inbox, quiet=quiet)
+    todo = not_done(document_ids)
+    say(quiet, f"{len(todo)} to analyse")
+    runs = execute(todo, quiet=quiet, verbose=verbose)
+    return {"inbox": str(inbox), "files": files, "runs": runs, **report_for(document_ids)}
 
 
 # --- commands ------------------------------------------------------------------------------------
@@ -209,8 +141,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             "OPENAI_API_KEY is not set (use any value for a local endpoint that needs none)"
         )
     report = process_inbox(Path(args.inbox), quiet=args.json, verbose=args.verbose)
-    _emit(args, report)
-    return _exit_code(report)
+    emit(args, report)
+    return exit_code(report)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -220,22 +152,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not inbox.is_dir():
         raise UsageError(f"inbox {inbox} is not a directory (run the demo from the checkout)")
     with SimulatorServer(SimulatorConfig(latency_ms=args.latency_ms)) as simulator:
-        _say(args.json, f"simulator listening on {simulator.base_url}")
+        say(args.json, f"simulator listening on {simulator.base_url}")
         os.environ["OPENAI_BASE_URL"] = simulator.base_url
         os.environ["OPENAI_API_KEY"] = DEMO_API_KEY
         os.environ["AI_PIPELINE_MODEL"] = DEMO_MODEL
         report = process_inbox(inbox, quiet=args.json, verbose=args.verbose)
         report["llm_requests"] = simulator.stats()["total"]
-    _emit(args, report)
+    emit(args, report)
     if not args.json:
         print(f"LLM calls made by this demo: {report['llm_requests']}")
-    return _exit_code(report)
+    return exit_code(report)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    _ensure_dagster_home()
-    report = _report()
-    _emit(args, report)
+    ensure_dagster_home()
+    report = report_for()
+    emit(args, report)
     return EXIT_OK
 
 
@@ -323,6 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--faults", help='JSON file with fault rules ({"faults": [...]})')
     p.set_defaults(func=cmd_simulate_llm)
+
+    from ai_pipeline.operate import add_commands
+
+    add_commands(sub)
     return parser
 
 

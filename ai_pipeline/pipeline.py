@@ -1,8 +1,9 @@
 """The analysis of a batch of documents, stage by stage, with a checkpoint before every effect.
 
-One document goes through four stages, each of which is an asset in Dagster:
+One document goes through five stages, each of which is an asset in Dagster:
 
-``document_text`` → ``llm_analysis`` → ``validated_analysis`` → ``analysis_results``
+``document_text`` → ``llm_analysis`` → ``validated_analysis`` → ``analysis_results`` →
+``completion_notice`` (only when a webhook is configured)
 
 The batch runs its documents concurrently (bounded by the LLM client) and reports, per document
 and per stage, what happened as plain ``StageDone``/``StageFailed`` events; the Dagster step in
@@ -15,7 +16,10 @@ The rules that make a rerun safe:
   anything else is done with it;
 - results are upserted (one row per document, ever), through the callable the caller passes in —
   the results IO manager's own upsert;
-- a document's state moves only along the transitions of ``ai_pipeline.states``.
+- a completion notice is sent only when no checkpoint exists for its own task id, with that id as
+  ``Idempotency-Key``, and never for a document that failed a check;
+- a document's state moves only along the transitions of ``ai_pipeline.states``; a document that
+  failed retryably ``retry_budget`` times moves to DEAD_LETTER, out of automatic retries.
 """
 
 from __future__ import annotations
@@ -29,13 +33,23 @@ from typing import Any, Protocol
 
 from ai_pipeline.failures import Category, ClassifiedError
 from ai_pipeline.llm import LLMClient, LLMReply
+from ai_pipeline.notify import Notifier
 from ai_pipeline.redaction import redact
 from ai_pipeline.schema import DEFAULT_MIN_CONFIDENCE, CheckOutcome, evaluate
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 
-STAGES = ("document_text", "llm_analysis", "validated_analysis", "analysis_results")
+STAGES = (
+    "document_text",
+    "llm_analysis",
+    "validated_analysis",
+    "analysis_results",
+    "completion_notice",
+)
 ANALYSE_STEP = "analyse"
+NOTIFY_STEP = "notify"
+DEFAULT_RETRY_BUDGET = 3
+MANUAL_OVERRIDE_SUCCESS = "MANUAL_OVERRIDE_SUCCESS"
 
 
 def task_id(document_id: str, step: str, prompt_version: str, model: str) -> str:
@@ -140,6 +154,8 @@ class Analyser:
         run_id: str | None = None,
         min_confidence: float = DEFAULT_MIN_CONFIDENCE,
         write_results: bool = True,
+        notifier: Notifier | None = None,
+        retry_budget: int = DEFAULT_RETRY_BUDGET,
     ):
         self.store = store
         self.llm = llm
@@ -148,6 +164,8 @@ class Analyser:
         self.run_id = run_id
         self.min_confidence = min_confidence
         self.write_results = write_results
+        self.notifier = notifier
+        self.retry_budget = retry_budget
         if llm.on_failure is None:
             llm.on_failure = self._record_attempt
 
@@ -193,6 +211,12 @@ class Analyser:
             return events
         if failure is None:
             self.store.transition(document_id, State.COMPLETED, task_id=task)
+            review = self.store.get_review(document_id)
+            if review is not None and review["status"] == "approved":
+                detail = f"{review['decision']} by {review['decided_by']}: {review['note'] or ''}"
+                self.store.add_history(document_id, MANUAL_OVERRIDE_SUCCESS, detail, task_id=task)
+                self.store.decide_review_done(document_id)
+                log.info(f"{MANUAL_OVERRIDE_SUCCESS} ({detail})")
             log.info("completed")
         else:
             self._fail(doc, failure, log)
@@ -223,6 +247,11 @@ class Analyser:
                 document_id, failure.category, failure.error, snapshot(doc), task_id=task
             )
         log.error(f"failed at {failure.stage}: {failure.category.value}: {failure.error}")
+        if failure.category.retryable and attempts >= self.retry_budget:
+            self.store.transition(document_id, State.DEAD_LETTER)
+            detail = f"{attempts} retryable failures (budget {self.retry_budget})"
+            self.store.add_history(document_id, "DEAD_LETTER", detail, task_id=task)
+            log.error(f"moved to DEAD_LETTER after {detail}; `ai-pipeline requeue` puts it back")
 
     def _record_attempt(self, task: str, category: Category, attempt: int, error: str) -> None:
         """A failed attempt that the client retries or waits out: an event, not a state."""
@@ -296,6 +325,14 @@ class Analyser:
             )
         )
         failed_check = verdict.failure
+        override = self.store.get_override(task) if failed_check is not None else None
+        if override is not None and verdict.analysis is not None:
+            # A reviewer accepted this stored output although a check failed.
+            log.warning(
+                f"check {failed_check.name} failed but the output was accepted by "  # type: ignore[union-attr]
+                f"{override['decided_by']}: {override['note'] or ''}"
+            )
+            failed_check = None
         if failed_check is not None or verdict.analysis is None:
             assert failed_check is not None and failed_check.category is not None
             if failed_check.category == Category.MODEL_HALLUCINATION:
@@ -339,6 +376,62 @@ class Analyser:
                 {"task_id": task, "source": doc["source"], "sources": len(sources)},
             )
         )
+        if self.notifier is not None:
+            await self._notify(document_id, analysis.model_dump(), task, sources, events)
+        else:
+            # Reported as done-without-sending so that a run with failures does not show every
+            # document's notice as failed; the metadata says why nothing was sent.
+            events.append(
+                StageDone(
+                    document_id,
+                    "completion_notice",
+                    {"sent": False, "reason": "no webhook configured (AI_PIPELINE_WEBHOOK_URL)"},
+                )
+            )
+
+    async def _notify(
+        self,
+        document_id: str,
+        analysis: dict[str, Any],
+        analysis_task: str,
+        sources: list[str],
+        events: list[Event],
+    ) -> None:
+        assert self.notifier is not None
+        notice_task = task_id(document_id, NOTIFY_STEP, self.llm.prompt.version, self.llm.model)
+        log = TaskLog(self.log, notice_task)
+        payload = self.store.get_checkpoint(notice_task)
+        if payload is None:
+            notice = {
+                "document_id": document_id,
+                "task_id": notice_task,
+                "analysis_task_id": analysis_task,
+                "sources": sources,
+                "summary": analysis["summary"],
+                "sentiment": analysis["sentiment"],
+                "keywords": analysis["keywords"],
+            }
+            try:
+                delivery = await self.notifier.send(notice_task, notice, log)
+            except ClassifiedError as e:
+                raise _StageError("completion_notice", e.category, e.message) from e
+            payload = self.store.put_checkpoint(
+                notice_task, document_id, NOTIFY_STEP, delivery.to_payload()
+            )
+            log.info(f"notice delivered (HTTP {payload['status']})")
+        events.append(
+            StageDone(
+                document_id,
+                "completion_notice",
+                {
+                    "task_id": notice_task,
+                    "sent": True,
+                    "status": payload["status"],
+                    "duplicate": payload["duplicate"],
+                    "url": self.notifier.url,
+                },
+            )
+        )
 
 
 class _StageError(ClassifiedError):
@@ -371,4 +464,6 @@ def run_batch(analyser: Analyser, document_ids: Sequence[str]) -> Iterator[tuple
         for t in tasks:
             t.cancel()
         loop.run_until_complete(analyser.llm.aclose())
+        if analyser.notifier is not None:
+            loop.run_until_complete(analyser.notifier.aclose())
         loop.close()

@@ -64,6 +64,18 @@ SETTINGS: dict[str, Setting] = {
     "min_confidence": Setting(
         "AI_PIPELINE_MIN_CONFIDENCE", DEFAULT_MIN_CONFIDENCE, "lowest confidence accepted"
     ),
+    "webhook_url": Setting(
+        "AI_PIPELINE_WEBHOOK_URL", None, "completion notices go here; unset: no notices"
+    ),
+    "retry_budget": Setting(
+        "AI_PIPELINE_RETRY_BUDGET", 3, "retryable failures before a document goes to DEAD_LETTER"
+    ),
+    "price_per_1k_prompt_tokens": Setting(
+        "AI_PIPELINE_PRICE_PER_1K_PROMPT_TOKENS", 0.00015, "for the report's cost estimate"
+    ),
+    "price_per_1k_completion_tokens": Setting(
+        "AI_PIPELINE_PRICE_PER_1K_COMPLETION_TOKENS", 0.0006, "for the report's cost estimate"
+    ),
     "settle_seconds": Setting(
         "AI_PIPELINE_SETTLE_SECONDS", 1.0, "a file changed this recently may still be written"
     ),
@@ -84,6 +96,10 @@ class Settings:
     documents_per_run: int
     max_document_bytes: int
     min_confidence: float
+    webhook_url: str | None
+    retry_budget: int
+    price_per_1k_prompt_tokens: float
+    price_per_1k_completion_tokens: float
     settle_seconds: float
 
     @classmethod
@@ -114,6 +130,8 @@ class Settings:
             raise SettingsError(
                 f"AI_PIPELINE_MIN_CONFIDENCE must be between 0 and 1, not {self.min_confidence}"
             )
+        if self.retry_budget < 1:
+            raise SettingsError(f"AI_PIPELINE_RETRY_BUDGET must be ≥ 1, not {self.retry_budget}")
         if self.llm_timeout_seconds <= 0:
             raise SettingsError("AI_PIPELINE_LLM_TIMEOUT must be > 0")
 

@@ -14,6 +14,11 @@ Tables:
 - ``failure_events``: every classification of a failure, appended, for reports.
 - ``review_queue``: one open item per document that needs a person, with a snapshot of its input.
 - ``quarantine``: LLM outputs that failed grounding; kept for audit, never used as results.
+- ``document_history``: what people and the pipeline did to a document (reviews, overrides,
+  dead letter, requeue), appended.
+- ``check_overrides``: stored outputs a reviewer accepted although a check failed.
+- ``submitter_messages``: the outbox of messages to whoever submitted a rejected document.
+- ``batches``: named sets of documents submitted together (the batch id is their content).
 
 Dagster knows nothing of this module; ``ai_pipeline.defs.resources`` wires it in.
 """
@@ -52,6 +57,7 @@ documents = sa.Table(
     sa.Column("attempts", sa.Integer, nullable=False, default=0),
     sa.Column("task_id", sa.String(128), nullable=True),
     sa.Column("run_id", sa.String(64), nullable=True),
+    sa.Column("status_message", sa.Text, nullable=True),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
 )
@@ -132,6 +138,49 @@ quarantine = sa.Table(
     sa.Column("output", sa.Text, nullable=False),
     sa.Column("reason", sa.Text, nullable=False),
     sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+)
+
+history = sa.Table(
+    "document_history",
+    metadata,
+    sa.Column("id", sa.Integer, sa.Identity(), primary_key=True),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("document_id", sa.String(64), nullable=False, index=True),
+    sa.Column("task_id", sa.String(128), nullable=True),
+    sa.Column("event", sa.String(40), nullable=False),
+    sa.Column("detail", sa.Text, nullable=True),
+)
+
+overrides = sa.Table(
+    "check_overrides",
+    metadata,
+    sa.Column("task_id", sa.String(128), primary_key=True),
+    sa.Column("document_id", sa.String(64), nullable=False),
+    sa.Column("decided_by", sa.String(128), nullable=False),
+    sa.Column("note", sa.Text, nullable=True),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+)
+
+outbox = sa.Table(
+    "submitter_messages",
+    metadata,
+    sa.Column("id", sa.Integer, sa.Identity(), primary_key=True),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("document_id", sa.String(64), nullable=False, index=True),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("message_zh", sa.Text, nullable=False),
+    sa.Column("message_en", sa.Text, nullable=False),
+)
+
+batches = sa.Table(
+    "batches",
+    metadata,
+    sa.Column("batch_id", sa.String(32), primary_key=True),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("document_ids", sa.JSON, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
 )
 
 RESULT_FIELDS = ("keywords", "summary", "sentiment", "entities", "confidence")
@@ -289,6 +338,8 @@ class Store:
         task_id: str | None = None,
         run_id: str | None = None,
         count_attempt: bool = False,
+        reset_attempts: bool = False,
+        status_message: str | None = None,
     ) -> State:
         """Move a document to ``target`` if the state machine allows it; returns the old state.
 
@@ -316,6 +367,10 @@ class Store:
                 values["run_id"] = run_id
             if count_attempt:
                 values["attempts"] = documents.c.attempts + 1
+            if reset_attempts:
+                values["attempts"] = 0
+            if status_message is not None:
+                values["status_message"] = status_message
             updated = conn.execute(
                 sa.update(documents)
                 .where(documents.c.document_id == document_id)
@@ -512,6 +567,131 @@ class Store:
             query = query.where(quarantine.c.document_id == document_id)
         with self.engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(query)]
+
+    def get_review(self, document_id: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(review_queue).where(review_queue.c.document_id == document_id)
+            ).first()
+        return dict(row._mapping) if row else None
+
+    def decide_review(
+        self, document_id: str, *, status: str, decision: str, decided_by: str, note: str | None
+    ) -> None:
+        """Record a reviewer's decision on an open item (only an open item can be decided)."""
+        with self.engine.begin() as conn:
+            updated = conn.execute(
+                sa.update(review_queue)
+                .where(review_queue.c.document_id == document_id)
+                .where(review_queue.c.status == "open")
+                .values(
+                    status=status,
+                    decision=decision,
+                    decided_by=decided_by,
+                    note=note,
+                    updated_at=utcnow(),
+                )
+            ).rowcount
+        if not updated:
+            raise KeyError(f"no open review item for document {document_id}")
+
+    def decide_review_done(self, document_id: str) -> None:
+        """An approved item whose document then completed is resolved."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.update(review_queue)
+                .where(review_queue.c.document_id == document_id)
+                .where(review_queue.c.status == "approved")
+                .values(status="resolved", updated_at=utcnow())
+            )
+
+    # --- history, overrides, outbox, batches -------------------------------------------------
+
+    def add_history(
+        self, document_id: str, event: str, detail: str | None = None, *, task_id: str | None = None
+    ) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.insert(history).values(
+                    at=utcnow(),
+                    document_id=document_id,
+                    task_id=task_id,
+                    event=event,
+                    detail=detail,
+                )
+            )
+
+    def history(self, document_id: str) -> list[dict[str, Any]]:
+        query = (
+            sa.select(history).where(history.c.document_id == document_id).order_by(history.c.id)
+        )
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+    def add_override(
+        self, task_id: str, document_id: str, decided_by: str, note: str | None
+    ) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                self._insert(overrides)
+                .values(
+                    task_id=task_id,
+                    document_id=document_id,
+                    decided_by=decided_by,
+                    note=note,
+                    at=utcnow(),
+                )
+                .on_conflict_do_nothing()
+            )
+
+    def get_override(self, task_id: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(overrides).where(overrides.c.task_id == task_id)).first()
+        return dict(row._mapping) if row else None
+
+    def add_message(
+        self, document_id: str, source: str, reason: str, message_zh: str, message_en: str
+    ) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.insert(outbox).values(
+                    at=utcnow(),
+                    document_id=document_id,
+                    source=source,
+                    reason=reason,
+                    message_zh=message_zh,
+                    message_en=message_en,
+                )
+            )
+
+    def messages(self, document_id: str | None = None) -> list[dict[str, Any]]:
+        query = sa.select(outbox).order_by(outbox.c.id)
+        if document_id:
+            query = query.where(outbox.c.document_id == document_id)
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+    def save_batch(self, batch_id: str, name: str, document_ids: Sequence[str]) -> None:
+        now = utcnow()
+        stmt = self._insert(batches).values(
+            batch_id=batch_id,
+            name=name,
+            document_ids=list(document_ids),
+            created_at=now,
+            updated_at=now,
+        )
+        with self.engine.begin() as conn:
+            conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=["batch_id"],
+                    set_={"name": stmt.excluded.name, "updated_at": stmt.excluded.updated_at},
+                )
+            )
+
+    def get_batch(self, batch_id: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(batches).where(batches.c.batch_id == batch_id)).first()
+        return dict(row._mapping) if row else None
 
 
 _stores: dict[str, Store] = {}

@@ -32,6 +32,10 @@ def test_defaults_without_environment() -> None:
         documents_per_run=25,
         max_document_bytes=DEFAULT_MAX_DOCUMENT_BYTES,
         min_confidence=DEFAULT_MIN_CONFIDENCE,
+        webhook_url=None,
+        retry_budget=3,
+        price_per_1k_prompt_tokens=0.00015,
+        price_per_1k_completion_tokens=0.0006,
         settle_seconds=1.0,
     )
     assert s.max_document_bytes == 5 * 1024 * 1024

@@ -20,10 +20,13 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 
 from ai_pipeline.defs.partitions import documents_partitions
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsIOManager, ResultsStore
+from ai_pipeline.notify import Notifier
 from ai_pipeline.pipeline import STAGES, Analyser, StageDone, StageFailed, run_batch
 from ai_pipeline.schema import CHECK_NAMES
 
-DOCUMENT_TEXT, LLM_ANALYSIS, VALIDATED_ANALYSIS, ANALYSIS_RESULTS = (dg.AssetKey(s) for s in STAGES)
+DOCUMENT_TEXT, LLM_ANALYSIS, VALIDATED_ANALYSIS, ANALYSIS_RESULTS, COMPLETION_NOTICE = (
+    dg.AssetKey(s) for s in STAGES
+)
 GROUP = "document_analysis"
 DOCUMENTS_PER_BACKFILL_RUN = 25
 
@@ -32,6 +35,8 @@ _DESCRIPTIONS = {
     "llm_analysis": "The LLM's reply for the document (checkpointed per task id: paid for once).",
     "validated_analysis": "The reply that passed every check: schema, confidence, refusal, grounding.",
     "analysis_results": "One upserted row per document in the results table.",
+    "completion_notice": "The completion notice POSTed to the webhook, exactly once "
+    "(Idempotency-Key: its task id); skipped when AI_PIPELINE_WEBHOOK_URL is unset.",
 }
 
 _CHECK_DESCRIPTIONS = {
@@ -52,7 +57,7 @@ def _specs() -> list[dg.AssetSpec]:
             group_name=GROUP,
             skippable=True,
             partitions_def=documents_partitions,
-            kinds={"python"} if stage != "analysis_results" else {"sql"},
+            kinds={"sql"} if stage == "analysis_results" else {"python"},
         )
         if stage == "analysis_results":
             spec = spec.with_io_manager_key("results_io_manager")
@@ -113,6 +118,12 @@ def analyse_documents(
     selected_checks = set(context.selected_asset_check_keys)
     document_ids = sorted(context.partition_keys)
     config = settings.resolve()
+    notifier = None
+    if COMPLETION_NOTICE in selected:
+        if config.webhook_url:
+            notifier = Notifier(config.webhook_url)
+        else:
+            context.log.info("no webhook configured (AI_PIPELINE_WEBHOOK_URL): no notices sent")
     analyser = Analyser(
         results_store.get(),
         llm.client(),
@@ -121,6 +132,8 @@ def analyse_documents(
         run_id=context.run.run_id,
         min_confidence=config.min_confidence,
         write_results=ANALYSIS_RESULTS in selected,
+        notifier=notifier,
+        retry_budget=config.retry_budget,
     )
     context.log.info(
         f"analysing {len(document_ids)} documents with {analyser.llm.model} "

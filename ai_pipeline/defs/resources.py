@@ -23,6 +23,8 @@ class PipelineSettings(dg.ConfigurableResource):
     max_document_bytes: int | None = None
     min_confidence: float | None = None
     settle_seconds: float | None = None
+    webhook_url: str | None = None
+    retry_budget: int | None = None
 
     def resolve(self) -> Settings:
         return Settings.load(
@@ -31,6 +33,8 @@ class PipelineSettings(dg.ConfigurableResource):
             max_document_bytes=self.max_document_bytes,
             min_confidence=self.min_confidence,
             settle_seconds=self.settle_seconds,
+            webhook_url=self.webhook_url,
+            retry_budget=self.retry_budget,
         )
 
 
@@ -101,5 +105,10 @@ class ResultsIOManager(dg.ConfigurableIOManager):
 
     def load_input(self, context: dg.InputContext) -> pd.DataFrame:
         document_ids = list(context.asset_partition_keys) if context.has_asset_partitions else None
-        rows = self._store().get_results(document_ids)
+        # A downstream of every document (the report) asks for all of them: one query, no IN list.
+        if document_ids is not None and len(document_ids) > 500:
+            wanted = set(document_ids)
+            rows = [r for r in self._store().get_results() if r["document_id"] in wanted]
+        else:
+            rows = self._store().get_results(document_ids)
         return pd.DataFrame(rows, columns=[c.name for c in results_table.columns])

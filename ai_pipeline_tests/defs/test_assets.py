@@ -16,6 +16,7 @@ import pytest
 from ai_pipeline.cli import process_inbox
 from ai_pipeline.defs.assets import (
     ANALYSIS_RESULTS,
+    COMPLETION_NOTICE,
     DOCUMENT_TEXT,
     LLM_ANALYSIS,
     VALIDATED_ANALYSIS,
@@ -52,6 +53,8 @@ def test_definitions_load() -> None:
         LLM_ANALYSIS,
         VALIDATED_ANALYSIS,
         ANALYSIS_RESULTS,
+        COMPLETION_NOTICE,
+        dg.AssetKey("failure_report"),
     }
     assert {k.name for k in repo.asset_graph.asset_check_keys} == {
         "refusal",
@@ -61,6 +64,9 @@ def test_definitions_load() -> None:
     }
     assert repo.has_sensor_def("inbox_sensor")
     assert repo.has_job("analyse_documents_job")
+    assert repo.has_job("failure_report_job")
+    assert repo.has_schedule_def("nightly_retry_schedule")
+    assert repo.has_sensor_def("nightly_report_sensor")
 
 
 def test_range_run_fails_exactly_the_failing_document(
@@ -80,7 +86,7 @@ def test_range_run_fails_exactly_the_failing_document(
     good = [doc_id(texts[f"doc-{i}.txt"]) for i in range(5)]
     keys = [*good, bad]
     assert statuses(instance, DOCUMENT_TEXT, keys) == {k: STATUS.MATERIALIZED for k in keys}
-    for asset_key in (LLM_ANALYSIS, VALIDATED_ANALYSIS, ANALYSIS_RESULTS):
+    for asset_key in (LLM_ANALYSIS, VALIDATED_ANALYSIS, ANALYSIS_RESULTS, COMPLETION_NOTICE):
         expected = {k: STATUS.MATERIALIZED for k in good} | {bad: STATUS.FAILED}
         assert statuses(instance, asset_key, keys) == expected, asset_key
 

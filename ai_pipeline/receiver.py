@@ -1,0 +1,592 @@
+"""A reference downstream receiver: a notification webhook that implements idempotency correctly.
+
+It models what the pipeline's completion notices (``ai_pipeline.notify``) are sent to, a payment
+gateway or notification service that honours ``Idempotency-Key`` (seed 002 §5.3): the first notice
+with a key is stored and answered 201, the same key again is answered 409 and stored no second
+time, and with a ``state_file`` a restarted receiver still knows every key it accepted.
+
+What lives here:
+
+* :class:`ReceiverFault`, one scripted failure (an HTTP status with a JSON error body, a
+  connection reset, "accepted, then the answer was lost", a delay), and :class:`ReceiverConfig`;
+* :class:`ReceiverState`, the accepted notices (SQLite: a file, or memory) and the counters;
+* :func:`create_app`, the Starlette app serving ``POST /notices`` and the control API under
+  ``/_receiver/`` (stats, reset, faults, health);
+* :class:`ReceiverServer`, which runs the app with uvicorn in a background thread (tests,
+  rehearsals), :func:`serve`, which runs it in the foreground, and :class:`ReceiverControl`,
+  which drives a receiver running in another process over HTTP.
+
+The accept is one ``INSERT OR IGNORE`` on a table whose primary key is the Idempotency-Key, so it
+is atomic however many requests race, and across processes sharing one state file. Request
+counters live in memory and restart at zero; the notices are what persists. The uvicorn setup
+and the connection-reset mechanism are the LLM simulator's (:mod:`ai_pipeline.simulator`).
+The control API is unauthenticated on purpose: the receiver is a local rehearsal tool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sqlite3
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterable
+from contextlib import closing, suppress
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from http import HTTPStatus
+from typing import Any, Literal, get_args
+
+import httpx
+import uvicorn
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ai_pipeline.simulator import (
+    _bind,
+    _ConnectionReset,
+    _retry_after_header,
+    _url_host,
+    _uvicorn_config,
+)
+
+NOTICES_PATH = "/notices"
+CONTROL_PREFIX = "/_receiver"
+FaultKind = Literal["status", "reset", "accept_then_reset", "delay"]
+FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
+MISSING_KEY = "missing Idempotency-Key"
+
+# ---------------------------------------------------------------------------------------------
+# Faults and configuration
+# ---------------------------------------------------------------------------------------------
+
+
+class ReceiverFault(BaseModel):
+    """One scripted failure of ``POST /notices``, applied before the idempotency logic.
+
+    ``match`` is a substring of the Idempotency-Key ("*" for every request); ``times`` is how
+    many requests it may still hit (None: every one). Kinds:
+
+    * ``status``: answer ``status`` with ``{"error": error, "code": code}`` (defaults from the
+      status: 422 gives ``UNPROCESSABLE_ENTITY``) and a Retry-After header when ``retry_after``;
+    * ``reset``: drop the connection without answering; nothing is stored;
+    * ``accept_then_reset``: store the notice, then drop the connection: the downstream has it but
+      the sender never hears so, and its retry with the same key must get 409;
+    * ``delay``: wait ``seconds``, then carry on normally.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: FaultKind
+    match: str = Field(default="*", min_length=1)
+    times: int | None = Field(default=None, ge=0)
+    status: int = Field(default=503, ge=400, le=599)
+    error: str | None = None
+    code: str | None = None
+    retry_after: float | None = Field(default=None, ge=0)
+    seconds: float = Field(default=1.0, ge=0)
+
+    @classmethod
+    def coerce(cls, rule: ReceiverFault | dict[str, Any]) -> ReceiverFault:
+        """A ReceiverFault from a rule or its dict form; raises ValueError when it is invalid."""
+        return cls.model_validate(rule)  # a ReceiverFault passes through as it is
+
+    def hits(self, key: str) -> bool:
+        return self.match == "*" or self.match in key
+
+    def error_body(self) -> dict[str, str]:
+        try:
+            known = HTTPStatus(self.status)
+            phrase, name = known.phrase, known.name
+        except ValueError:
+            phrase, name = "Request failed", "ERROR"
+        return {"error": self.error or phrase, "code": self.code or name}
+
+
+@dataclass
+class ReceiverConfig:
+    """Fault rules (replaceable while running) and where accepted notices are kept.
+
+    ``state_file`` is a SQLite database; None keeps the notices in memory, so a new receiver
+    starts knowing no keys (the same :class:`ReceiverServer` keeps them across stop and start).
+    """
+
+    faults: list[ReceiverFault] = field(default_factory=list)
+    state_file: str | None = None
+
+    def __post_init__(self) -> None:
+        self.faults = [ReceiverFault.coerce(rule) for rule in self.faults]
+        if self.state_file is not None:
+            self.state_file = os.fspath(self.state_file)
+
+
+# ---------------------------------------------------------------------------------------------
+# State
+# ---------------------------------------------------------------------------------------------
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+class _NoticeStore:
+    """The accepted notices in SQLite, one row per key; callers serialise access."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._conn: sqlite3.Connection | None = None
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            conn = sqlite3.connect(
+                self.path or ":memory:", timeout=10, isolation_level=None, check_same_thread=False
+            )
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS notices ("
+                "key TEXT PRIMARY KEY, body TEXT NOT NULL, received_at TEXT NOT NULL)"
+            )
+            self._conn = conn
+        return self._conn
+
+    def insert_if_absent(self, key: str, body: Any) -> bool:
+        cursor = self._db().execute(
+            "INSERT OR IGNORE INTO notices (key, body, received_at) VALUES (?, ?, ?)",
+            (key, json.dumps(body, ensure_ascii=False), _now()),
+        )
+        return cursor.rowcount == 1
+
+    def rows(self) -> list[dict[str, Any]]:
+        query = "SELECT key, body, received_at FROM notices ORDER BY rowid"
+        return [
+            {"key": key, "body": json.loads(body), "received_at": received_at}
+            for key, body, received_at in self._db().execute(query)
+        ]
+
+    def count(self, key: str) -> int:
+        query = "SELECT COUNT(*) FROM notices WHERE key = ?"
+        return int(self._db().execute(query, (key,)).fetchone()[0])
+
+    def clear(self) -> None:
+        self._db().execute("DELETE FROM notices")
+
+    def release(self) -> None:
+        """Close a file-backed database (reopened on next use); memory is kept."""
+        if self.path is not None and self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+@dataclass
+class _RuleUse:
+    """A fault rule and how many requests it has hit so far."""
+
+    rule: ReceiverFault
+    hit: int = 0
+
+    @property
+    def remaining(self) -> int | None:
+        return None if self.rule.times is None else self.rule.times - self.hit
+
+
+class ReceiverState:
+    """Accepted notices, counters and fault rules, shared by the app and its Python controllers.
+
+    Used from the server's event loop and from other threads (tests, the CLI): every access goes
+    through one lock, never held across an ``await``.
+    """
+
+    def __init__(self, config: ReceiverConfig) -> None:
+        self.config = config
+        self._lock = threading.Lock()
+        self._store = _NoticeStore(config.state_file)
+        self._rules = [_RuleUse(rule) for rule in config.faults]
+        self._requests = 0
+        self._by_key: Counter[str] = Counter()
+        self._by_status: Counter[str] = Counter()
+        # Wakes delayed requests when the server shuts down; belongs to one event loop.
+        self._wake: asyncio.Event | None = None
+        self._wake_loop: asyncio.AbstractEventLoop | None = None
+
+    # -- control ---------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            notices = self._store.rows()
+            return {
+                "requests": self._requests,
+                "requests_by_key": dict(self._by_key),
+                "accepted_by_key": dict(Counter(notice["key"] for notice in notices)),
+                "by_status": dict(self._by_status),
+                "notices": notices,
+            }
+
+    def accepted(self, key: str) -> int:
+        """How many notices are stored under this key: 0 or 1."""
+        with self._lock:
+            return self._store.count(key)
+
+    def requests_for(self, key: str) -> int:
+        """How many ``POST /notices`` carried this Idempotency-Key ("" for none)."""
+        with self._lock:
+            return self._by_key.get(key, 0)
+
+    def reset(self) -> None:
+        """Forget every notice and counter; fault rules stay as they are."""
+        with self._lock:
+            self._store.clear()
+            self._requests = 0
+            self._by_key.clear()
+            self._by_status.clear()
+
+    def set_faults(self, faults: Iterable[ReceiverFault | dict[str, Any]]) -> None:
+        uses = [_RuleUse(ReceiverFault.coerce(rule)) for rule in faults]
+        with self._lock:
+            self._rules = uses
+
+    def faults(self) -> dict[str, Any]:
+        """The rules, and beside each how often it hit and may still hit (null: always)."""
+        with self._lock:
+            uses = [(use.rule, use.hit, use.remaining) for use in self._rules]
+        return {
+            "faults": [rule.model_dump() for rule, _, _ in uses],
+            "state": [{"remaining": left, "hit": hit} for _, hit, left in uses],
+        }
+
+    def close(self) -> None:
+        """Release the state file, if any (it is reopened when next needed)."""
+        with self._lock:
+            self._store.release()
+
+    # -- request path ------------------------------------------------------------------------
+
+    def arrived(self, key: str) -> None:
+        with self._lock:
+            self._requests += 1
+            self._by_key[key] += 1
+
+    def answered(self, status: int | None) -> None:
+        """Count an outcome: an HTTP status, or None when the connection was dropped."""
+        with self._lock:
+            self._by_status["reset" if status is None else str(status)] += 1
+
+    def fault_for(self, key: str) -> ReceiverFault | None:
+        """The first rule that still hits this key, used up by one; None when none does."""
+        with self._lock:
+            for use in self._rules:
+                if use.remaining != 0 and use.rule.hits(key):
+                    use.hit += 1
+                    return use.rule
+        return None
+
+    def accept(self, key: str, body: Any) -> bool:
+        """Store the notice unless the key is known; True when it was stored now."""
+        with self._lock:
+            return self._store.insert_if_absent(key, body)
+
+    async def delay(self, seconds: float) -> None:
+        """Sleep, but give way at once when the server shuts down."""
+        loop = asyncio.get_running_loop()
+        if self._wake is None or self._wake_loop is not loop:
+            self._wake, self._wake_loop = asyncio.Event(), loop
+        with suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+
+    def wake_delayed(self) -> None:
+        """Let every delayed request carry on; runs on the server's event loop."""
+        if self._wake is not None:
+            self._wake.set()
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP app
+# ---------------------------------------------------------------------------------------------
+
+
+def create_app(config: ReceiverConfig) -> Starlette:
+    """The receiver's ASGI app; its :class:`ReceiverState` is ``app.state.receiver``."""
+    state = ReceiverState(config)
+
+    def answer(status: int, body: dict[str, Any], fault: str | None = None) -> JSONResponse:
+        state.answered(status)
+        headers = {"x-receiver-fault": fault} if fault else None
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    async def post_notice(request: Request) -> Response:
+        raw = await request.body()
+        key = request.headers.get("idempotency-key", "").strip()
+        state.arrived(key)
+        if not key:
+            return answer(400, {"error": MISSING_KEY})
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return answer(400, {"error": "the body is not valid JSON"})
+
+        rule = state.fault_for(key)
+        kind = rule.kind if rule else None
+        if rule is not None:
+            if rule.kind == "status":
+                response = answer(rule.status, rule.error_body(), rule.kind)
+                if rule.retry_after is not None:
+                    response.headers["retry-after"] = _retry_after_header(rule.retry_after)
+                return response
+            if rule.kind in ("reset", "accept_then_reset"):
+                if rule.kind == "accept_then_reset":
+                    state.accept(key, body)
+                state.answered(None)
+                return _ConnectionReset()
+            await state.delay(rule.seconds)
+
+        if state.accept(key, body):
+            return answer(201, {"status": "accepted", "key": key}, kind)
+        return answer(409, {"status": "duplicate", "key": key}, kind)
+
+    async def faults(request: Request) -> Response:
+        if request.method == "POST":
+            try:
+                payload = await request.json()
+                rules = payload.get("faults") if isinstance(payload, dict) else None
+                if not isinstance(rules, list):
+                    raise ValueError('expected {"faults": [rule, ...]}')
+                state.set_faults(rules)
+            except ValueError as exc:  # pydantic's ValidationError is a ValueError
+                return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse(state.faults())
+
+    async def get_stats(request: Request) -> Response:
+        return JSONResponse(state.stats())
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"ok": True, "persistent": config.state_file is not None})
+
+    async def post_reset(request: Request) -> Response:
+        state.reset()
+        return JSONResponse({"ok": True})
+
+    async def not_served(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 404
+        message = f"{request.method} {request.url.path} is not served"
+        return JSONResponse({"error": message}, status_code=status)
+
+    app = Starlette(
+        routes=[
+            Route(NOTICES_PATH, post_notice, methods=["POST"]),
+            Route(f"{CONTROL_PREFIX}/stats", get_stats, methods=["GET"]),
+            Route(f"{CONTROL_PREFIX}/reset", post_reset, methods=["POST"]),
+            Route(f"{CONTROL_PREFIX}/faults", faults, methods=["GET", "POST"]),
+            Route(f"{CONTROL_PREFIX}/health", health, methods=["GET"]),
+        ],
+        exception_handlers={404: not_served, 405: not_served},
+    )
+    app.state.receiver = state
+    return app
+
+
+# ---------------------------------------------------------------------------------------------
+# Running it
+# ---------------------------------------------------------------------------------------------
+
+
+class _ReceiverUvicorn(uvicorn.Server):
+    """uvicorn's server, telling a waiting thread when it is up, waking delays at shutdown."""
+
+    def __init__(self, config: uvicorn.Config, state: ReceiverState) -> None:
+        super().__init__(config)
+        self.receiver_state = state
+        self.ready = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        self.ready.set()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.receiver_state.wake_delayed()
+        await super().shutdown(sockets=sockets)
+
+
+class ReceiverServer:
+    """The receiver on a uvicorn server in a background thread (port 0 picks a free port)."""
+
+    def __init__(
+        self, config: ReceiverConfig | None = None, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        self.config = config or ReceiverConfig()
+        self.host = host
+        self._requested_port = port
+        self.app = create_app(self.config)
+        self.state: ReceiverState = self.app.state.receiver
+        self.port: int | None = None
+        self._uvicorn: _ReceiverUvicorn | None = None
+        self._thread: threading.Thread | None = None
+        self._crash: BaseException | None = None
+
+    @property
+    def root_url(self) -> str:
+        """``http://HOST:PORT``, the root of the control API."""
+        if self.port is None:
+            raise RuntimeError("the receiver is not running; call start() first")
+        return f"http://{_url_host(self.host)}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The notices URL to give the pipeline, e.g. ``http://127.0.0.1:PORT/notices``."""
+        return self.root_url + NOTICES_PATH
+
+    def start(self, timeout: float = 10.0) -> ReceiverServer:
+        """Start serving; returns once the server accepts connections."""
+        if self._thread is not None:
+            raise RuntimeError("the receiver is already running")
+        listener = _bind(self.host, self._requested_port)
+        self.port = listener.getsockname()[1]
+        uv = _ReceiverUvicorn(_uvicorn_config(self.app, configure_logging=False), self.state)
+        self._crash = None
+        thread = threading.Thread(
+            target=self._serve_here, args=(uv, listener), name=f"receiver-{self.port}", daemon=True
+        )
+        self._uvicorn, self._thread = uv, thread
+        thread.start()
+        if not uv.ready.wait(timeout):
+            self.stop()
+            raise TimeoutError(f"the receiver did not start within {timeout} s")
+        if not uv.started:
+            thread.join(timeout)
+            self._uvicorn = self._thread = None
+            raise RuntimeError("the receiver failed to start") from self._crash
+        return self
+
+    def _serve_here(self, uv: _ReceiverUvicorn, listener: socket.socket) -> None:
+        try:
+            with closing(listener):
+                asyncio.run(uv.serve(sockets=[listener]))
+        except BaseException as exc:  # start() reports it; a thread has nobody else to tell
+            self._crash = exc
+        finally:
+            uv.ready.set()  # never leave start() waiting for a server that died
+
+    def stop(self) -> None:
+        """Stop serving (delayed requests are woken first) and release the state file."""
+        uv, thread = self._uvicorn, self._thread
+        self._uvicorn = self._thread = None
+        if uv is not None and thread is not None:
+            uv.should_exit = True
+            thread.join(timeout=10)
+            if thread.is_alive():
+                uv.force_exit = True
+                thread.join(timeout=5)
+        self.state.close()
+
+    def __enter__(self) -> ReceiverServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def accepted(self, key: str) -> int:
+        """How many notices are stored under this key: 0 or 1."""
+        return self.state.accepted(key)
+
+    def requests_for(self, key: str) -> int:
+        """How many ``POST /notices`` carried this key."""
+        return self.state.requests_for(key)
+
+    def stats(self) -> dict[str, Any]:
+        """The same document as ``GET /_receiver/stats``."""
+        return self.state.stats()
+
+    def reset(self) -> None:
+        self.state.reset()
+
+    def faults(self) -> dict[str, Any]:
+        return self.state.faults()
+
+    def set_faults(self, faults: Iterable[ReceiverFault | dict[str, Any]]) -> None:
+        self.state.set_faults(faults)
+
+
+def serve(config: ReceiverConfig, host: str = "127.0.0.1", port: int = 8766) -> None:
+    """Run the receiver in the foreground until interrupted; prints its notices URL first."""
+    app = create_app(config)
+    state: ReceiverState = app.state.receiver
+    listener = _bind(host, port)
+    root = f"http://{_url_host(host)}:{listener.getsockname()[1]}"
+    stored = config.state_file or "memory"
+    # Already listening: the URL works as soon as it is printed.
+    print(
+        f"Notification receiver: POST notices to {root}{NOTICES_PATH} "
+        f"(control API under {root}{CONTROL_PREFIX}/, notices kept in {stored})",
+        flush=True,
+    )
+    uv = _ReceiverUvicorn(_uvicorn_config(app, configure_logging=True), state)
+    # Ctrl+C is the normal way to stop a foreground server, not an error worth a traceback.
+    with closing(listener), suppress(KeyboardInterrupt):
+        uv.run(sockets=[listener])
+    state.close()
+
+
+class ReceiverControl:
+    """Drive a receiver in another process over its ``/_receiver/`` control API."""
+
+    def __init__(self, url: str, timeout: float = 10.0) -> None:
+        """``url`` is the notices URL or the receiver's root URL."""
+        self.root_url = url.rstrip("/").removesuffix(NOTICES_PATH)
+        self.url = self.root_url + NOTICES_PATH
+        self.timeout = timeout
+
+    def _document(self, name: str, post: Any = None) -> dict[str, Any]:
+        """GET (or, with ``post``, POST it to) ``/_receiver/<name>``; 400 becomes ValueError."""
+        endpoint = f"{self.root_url}{CONTROL_PREFIX}/{name}"
+        method = "GET" if post is None else "POST"
+        with httpx.Client(timeout=self.timeout) as client:
+            response = client.request(method, endpoint, json=post)
+        if response.status_code == 400:
+            raise ValueError(response.json().get("error", response.text))
+        response.raise_for_status()
+        document: dict[str, Any] = response.json()
+        return document
+
+    def accepted(self, key: str) -> int:
+        return int(self.stats()["accepted_by_key"].get(key, 0))
+
+    def requests_for(self, key: str) -> int:
+        return int(self.stats()["requests_by_key"].get(key, 0))
+
+    def stats(self) -> dict[str, Any]:
+        return self._document("stats")
+
+    def reset(self) -> None:
+        self._document("reset", post={})
+
+    def faults(self) -> dict[str, Any]:
+        return self._document("faults")
+
+    def set_faults(self, faults: Iterable[ReceiverFault | dict[str, Any]]) -> None:
+        # Validated here too, so that a typo fails with the same ValueError as in-process.
+        rules = [ReceiverFault.coerce(rule).model_dump() for rule in faults]
+        self._document("faults", post={"faults": rules})
+
+
+__all__ = [
+    "FAULT_KINDS",
+    "ReceiverConfig",
+    "ReceiverControl",
+    "ReceiverFault",
+    "ReceiverServer",
+    "ReceiverState",
+    "create_app",
+    "serve",
+]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    # python -m ai_pipeline.receiver [PORT [STATE_FILE]]
+    serve(
+        ReceiverConfig(state_file=sys.argv[2] if len(sys.argv) > 2 else None),
+        port=int(sys.argv[1]) if len(sys.argv) > 1 else 8766,
+    )

@@ -1,0 +1,120 @@
+"""The failure report: what happened to every document, by state, category and day, with cost.
+
+Built with pandas from the results (the rows the results IO manager loads) and the store's
+documents and failure events. ``build_report`` returns plain data; ``to_markdown`` and
+``chart_png`` render it for the Dagster UI, and ``ai-pipeline report`` prints the same data.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pandas as pd
+
+from ai_pipeline.settings import Settings
+from ai_pipeline.store import Store
+
+
+def build_report(
+    store: Store, results: pd.DataFrame | None = None, settings: Settings | None = None
+) -> dict[str, Any]:
+    """Counts by state and category, failures by day, success rate, tokens and estimated cost."""
+    settings = settings or Settings.load()
+    docs = pd.DataFrame(store.get_documents())
+    events = pd.DataFrame(store.failure_events())
+    if results is None:
+        results = pd.DataFrame(store.get_results())
+    total = len(docs)
+    by_state = docs["state"].value_counts().sort_index().to_dict() if total else {}
+    failed = docs[docs["state"] != "COMPLETED"] if total else docs
+    by_category = failed["category"].dropna().value_counts().sort_index().to_dict() if total else {}
+    if len(events):
+        events["day"] = pd.to_datetime(events["at"], utc=True).dt.strftime("%Y-%m-%d")
+        by_day = events.groupby(["day", "category"]).size().unstack(fill_value=0).sort_index()
+        failures_by_day = {
+            day: {k: int(v) for k, v in row.items() if v} for day, row in by_day.iterrows()
+        }
+    else:
+        failures_by_day = {}
+    completed = int(by_state.get("COMPLETED", 0))
+    prompt_tokens = int(results["prompt_tokens"].fillna(0).sum()) if len(results) else 0
+    completion_tokens = int(results["completion_tokens"].fillna(0).sum()) if len(results) else 0
+    cost = (
+        prompt_tokens / 1000 * settings.price_per_1k_prompt_tokens
+        + completion_tokens / 1000 * settings.price_per_1k_completion_tokens
+    )
+    return {
+        "documents": total,
+        "by_state": {k: int(v) for k, v in by_state.items()},
+        "by_category": {k: int(v) for k, v in by_category.items()},
+        "failures_by_day": failures_by_day,
+        "failure_events": len(events),
+        "success_rate": round(completed / total, 4) if total else None,
+        "results_rows": len(results),
+        "tokens": {"prompt": prompt_tokens, "completion": completion_tokens},
+        "estimated_cost_usd": round(cost, 6),
+        "failed_documents": [
+            {
+                "document_id": r["document_id"],
+                "source": r["source"],
+                "state": r["state"],
+                "category": r["category"],
+                "error": r["last_error"],
+            }
+            for r in failed.to_dict("records")
+        ]
+        if total
+        else [],
+    }
+
+
+def _table(title: str, counts: dict[str, int]) -> str:
+    rows = "\n".join(f"| {k} | {v} |" for k, v in counts.items()) or "| (none) | 0 |"
+    return f"| {title} | documents |\n|---|---|\n{rows}\n"
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    rate = report["success_rate"]
+    lines = [
+        f"**{report['documents']} documents**, success rate "
+        f"{'n/a' if rate is None else f'{rate:.1%}'}, {report['results_rows']} result rows, "
+        f"{report['tokens']['prompt'] + report['tokens']['completion']} tokens "
+        f"(≈ ${report['estimated_cost_usd']:.4f})",
+        "",
+        _table("state", report["by_state"]),
+        _table("failure category", report["by_category"]),
+    ]
+    if report["failures_by_day"]:
+        categories = sorted({c for day in report["failures_by_day"].values() for c in day})
+        lines.append("| day | " + " | ".join(categories) + " |")
+        lines.append("|---|" + "---|" * len(categories))
+        for day, counts in report["failures_by_day"].items():
+            lines.append(
+                f"| {day} | " + " | ".join(str(counts.get(c, 0)) for c in categories) + " |"
+            )
+    return "\n".join(lines)
+
+
+def chart_png(report: dict[str, Any]) -> bytes:
+    """A bar chart of documents by state and failures by category, as PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
+    for ax, counts, title in (
+        (left, report["by_state"], "documents by state"),
+        (right, report["by_category"], "failed documents by category"),
+    ):
+        names = list(counts) or ["(none)"]
+        values = list(counts.values()) or [0]
+        ax.barh(names, values, color="#4f6bed" if ax is left else "#e8684a")
+        ax.set_title(title, fontsize=10)
+        ax.tick_params(labelsize=8)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()
