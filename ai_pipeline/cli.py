@@ -38,7 +38,7 @@ QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}
 
 def register_inbox(inbox: Path, *, quiet: bool = False) -> tuple[int, list[str]]:
     """Register every file of ``inbox`` as a document and a partition; (files, document ids)."""
-    from ai_pipeline.defs.partitions import documents_partitions
+    from ai_pipeline.defs.partitions import PARTITIONS_NAME
     from ai_pipeline.documents import list_files
     from ai_pipeline.intake import register_files, unique_in_order
     from ai_pipeline.settings import Settings
@@ -53,7 +53,7 @@ def register_inbox(inbox: Path, *, quiet: bool = False) -> tuple[int, list[str]]
         get_store(settings.database_url), paths, max_bytes=settings.max_document_bytes
     )
     document_ids = unique_in_order(r.document_id for r in registered)
-    name = documents_partitions.name or "documents"
+    name = PARTITIONS_NAME
     missing = [d for d in document_ids if not inst.has_dynamic_partition(name, d)]
     if missing:
         inst.add_dynamic_partitions(name, missing)
@@ -100,13 +100,13 @@ def execute(
     """Analyse documents in this process through Dagster, in range runs of contiguous partitions."""
     from ai_pipeline.definitions import defs
     from ai_pipeline.defs.jobs import ANALYSIS_JOB_NAME, range_tags
-    from ai_pipeline.defs.partitions import documents_partitions
+    from ai_pipeline.defs.partitions import PARTITIONS_NAME
     from ai_pipeline.intake import contiguous_ranges
     from ai_pipeline.settings import Settings
 
     inst = instance()
     job = defs.resolve_job_def(ANALYSIS_JOB_NAME)
-    ordered = inst.get_dynamic_partitions(documents_partitions.name or "documents")
+    ordered = inst.get_dynamic_partitions(PARTITIONS_NAME)
     ranges = contiguous_ranges(document_ids, ordered, Settings.load().documents_per_run)
     runs = []
     for i, batch in enumerate(ranges, 1):

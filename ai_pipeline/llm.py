@@ -389,7 +389,7 @@ class LLMClient:
             started = time.monotonic()
             completion = await self._client.chat.completions.create(
                 model=self.model,
-                messages=self.prompt.messages(text),  # type: ignore[arg-type]
+                messages=self.prompt.messages(text),  # type: ignore[arg-type,call-overload]
                 temperature=0,
                 response_format={"type": "json_object"},
                 extra_headers={"Idempotency-Key": task_id},

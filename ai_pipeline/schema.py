@@ -89,7 +89,9 @@ class Evaluation:
         when its confidence is low too."""
         failed = [o for o in self.outcomes if not o.passed]
         hallucination = [o for o in failed if o.category == Category.MODEL_HALLUCINATION]
-        return (hallucination or failed or [None])[0]
+        if hallucination:
+            return hallucination[0]
+        return failed[0] if failed else None
 
 
 def _schema_error(e: ValidationError) -> str:

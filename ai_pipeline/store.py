@@ -248,13 +248,12 @@ class Store:
         return self.engine.dialect.name
 
     def _insert(self, table: sa.Table) -> Any:
-        if self.dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        elif self.dialect == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert
-        else:  # pragma: no cover - only the two dialects above are supported
+        from sqlalchemy.dialects import postgresql, sqlite
+
+        inserts: dict[str, Any] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
+        if self.dialect not in inserts:  # pragma: no cover - only these two are supported
             raise NotImplementedError(f"unsupported database dialect {self.dialect}")
-        return insert(table)
+        return inserts[self.dialect](table)
 
     # --- documents ---------------------------------------------------------------------------
 
@@ -264,14 +263,14 @@ class Store:
         A second file with the same content only adds an alias: the document is not analysed again.
         """
         now = utcnow()
-        is_rejected = isinstance(doc, RejectedFile)
+        rejected = doc if isinstance(doc, RejectedFile) else None
         row = {
             "document_id": doc.document_id,
             "source": doc.source,
             "kind": doc.kind,
             "size_bytes": doc.size_bytes,
-            "text": None if is_rejected else doc.text,
-            "rejected_reason": doc.reason if is_rejected else None,
+            "text": doc.text if isinstance(doc, Document) else None,
+            "rejected_reason": rejected.reason if rejected else None,
             "state": State.PENDING.value,
             "attempts": 0,
             "created_at": now,

@@ -22,7 +22,7 @@ from typing import Any
 import dagster as dg
 
 from ai_pipeline.defs.assets import ANALYSIS_RESULTS, analyse_documents
-from ai_pipeline.defs.partitions import documents_partitions
+from ai_pipeline.defs.partitions import PARTITIONS_NAME, documents_partitions
 from ai_pipeline.failures import Category
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
@@ -52,7 +52,7 @@ def plan_failed_backfill(
 ) -> BackfillPlan:
     """Documents FAILED in Dagster or in the store, filtered by category and time."""
     wanted = {Category(c) for c in categories} if categories else None
-    keys = instance.get_dynamic_partitions(documents_partitions.name or "documents")
+    keys = instance.get_dynamic_partitions(PARTITIONS_NAME)
     dagster_status = (
         instance.get_status_by_partition(ANALYSIS_RESULTS, keys, documents_partitions) or {}
     )

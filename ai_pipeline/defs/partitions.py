@@ -2,4 +2,5 @@
 
 import dagster as dg
 
-documents_partitions = dg.DynamicPartitionsDefinition(name="documents")
+PARTITIONS_NAME = "documents"
+documents_partitions = dg.DynamicPartitionsDefinition(name=PARTITIONS_NAME)

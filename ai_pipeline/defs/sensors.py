@@ -10,7 +10,7 @@ import os
 import dagster as dg
 
 from ai_pipeline.defs.jobs import analysis_job, range_run_request
-from ai_pipeline.defs.partitions import documents_partitions
+from ai_pipeline.defs.partitions import PARTITIONS_NAME, documents_partitions
 from ai_pipeline.defs.resources import PipelineSettings, ResultsStore
 from ai_pipeline.documents import InboxCursor, scan_inbox
 from ai_pipeline.intake import batches, register_files, unique_in_order
@@ -54,7 +54,7 @@ def inbox_sensor(
     new_ids = unique_in_order(
         r.document_id
         for r in registered
-        if not context.instance.has_dynamic_partition(documents_partitions.name, r.document_id)
+        if not context.instance.has_dynamic_partition(PARTITIONS_NAME, r.document_id)
     )
     aliases = len(registered) - len(new_ids)
     context.log.info(
