@@ -28,20 +28,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import sqlite3
 import sys
 import threading
 from collections import Counter
 from collections.abc import Iterable
-from contextlib import closing, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http import HTTPStatus
 from typing import Any, Literal, get_args
 
 import httpx
-import uvicorn
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -49,12 +47,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ai_pipeline.simulator import (
-    _bind,
-    _ConnectionReset,
-    _retry_after_header,
-    _url_host,
-    _uvicorn_config,
+from ai_pipeline.serving import (
+    BackgroundServer,
+    ConnectionReset,
+    retry_after_header,
+    serve_foreground,
 )
 
 NOTICES_PATH = "/notices"
@@ -335,13 +332,13 @@ def create_app(config: ReceiverConfig) -> Starlette:
             if rule.kind == "status":
                 response = answer(rule.status, rule.error_body(), rule.kind)
                 if rule.retry_after is not None:
-                    response.headers["retry-after"] = _retry_after_header(rule.retry_after)
+                    response.headers["retry-after"] = retry_after_header(rule.retry_after)
                 return response
             if rule.kind in ("reset", "accept_then_reset"):
                 if rule.kind == "accept_then_reset":
                     state.accept(key, body)
                 state.answered(None)
-                return _ConnectionReset()
+                return ConnectionReset()
             await state.delay(rule.seconds)
 
         if state.accept(key, body):
@@ -394,99 +391,28 @@ def create_app(config: ReceiverConfig) -> Starlette:
 # ---------------------------------------------------------------------------------------------
 
 
-class _ReceiverUvicorn(uvicorn.Server):
-    """uvicorn's server, telling a waiting thread when it is up, waking delays at shutdown."""
-
-    def __init__(self, config: uvicorn.Config, state: ReceiverState) -> None:
-        super().__init__(config)
-        self.receiver_state = state
-        self.ready = threading.Event()
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
-        self.ready.set()
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        self.receiver_state.wake_delayed()
-        await super().shutdown(sockets=sockets)
-
-
-class ReceiverServer:
+class ReceiverServer(BackgroundServer):
     """The receiver on a uvicorn server in a background thread (port 0 picks a free port)."""
+
+    name = "receiver"
 
     def __init__(
         self, config: ReceiverConfig | None = None, host: str = "127.0.0.1", port: int = 0
     ) -> None:
         self.config = config or ReceiverConfig()
-        self.host = host
-        self._requested_port = port
-        self.app = create_app(self.config)
-        self.state: ReceiverState = self.app.state.receiver
-        self.port: int | None = None
-        self._uvicorn: _ReceiverUvicorn | None = None
-        self._thread: threading.Thread | None = None
-        self._crash: BaseException | None = None
-
-    @property
-    def root_url(self) -> str:
-        """``http://HOST:PORT``, the root of the control API."""
-        if self.port is None:
-            raise RuntimeError("the receiver is not running; call start() first")
-        return f"http://{_url_host(self.host)}:{self.port}"
+        app = create_app(self.config)
+        self.state: ReceiverState = app.state.receiver
+        super().__init__(app, host, port, on_shutdown=self.state.wake_delayed)
 
     @property
     def url(self) -> str:
         """The notices URL to give the pipeline, e.g. ``http://127.0.0.1:PORT/notices``."""
         return self.root_url + NOTICES_PATH
 
-    def start(self, timeout: float = 10.0) -> ReceiverServer:
-        """Start serving; returns once the server accepts connections."""
-        if self._thread is not None:
-            raise RuntimeError("the receiver is already running")
-        listener = _bind(self.host, self._requested_port)
-        self.port = listener.getsockname()[1]
-        uv = _ReceiverUvicorn(_uvicorn_config(self.app, configure_logging=False), self.state)
-        self._crash = None
-        thread = threading.Thread(
-            target=self._serve_here, args=(uv, listener), name=f"receiver-{self.port}", daemon=True
-        )
-        self._uvicorn, self._thread = uv, thread
-        thread.start()
-        if not uv.ready.wait(timeout):
-            self.stop()
-            raise TimeoutError(f"the receiver did not start within {timeout} s")
-        if not uv.started:
-            thread.join(timeout)
-            self._uvicorn = self._thread = None
-            raise RuntimeError("the receiver failed to start") from self._crash
-        return self
-
-    def _serve_here(self, uv: _ReceiverUvicorn, listener: socket.socket) -> None:
-        try:
-            with closing(listener):
-                asyncio.run(uv.serve(sockets=[listener]))
-        except BaseException as exc:  # start() reports it; a thread has nobody else to tell
-            self._crash = exc
-        finally:
-            uv.ready.set()  # never leave start() waiting for a server that died
-
     def stop(self) -> None:
         """Stop serving (delayed requests are woken first) and release the state file."""
-        uv, thread = self._uvicorn, self._thread
-        self._uvicorn = self._thread = None
-        if uv is not None and thread is not None:
-            uv.should_exit = True
-            thread.join(timeout=10)
-            if thread.is_alive():
-                uv.force_exit = True
-                thread.join(timeout=5)
+        super().stop()
         self.state.close()
-
-    def __enter__(self) -> ReceiverServer:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     def accepted(self, key: str) -> int:
         """How many notices are stored under this key: 0 or 1."""
@@ -514,19 +440,17 @@ def serve(config: ReceiverConfig, host: str = "127.0.0.1", port: int = 8766) -> 
     """Run the receiver in the foreground until interrupted; prints its notices URL first."""
     app = create_app(config)
     state: ReceiverState = app.state.receiver
-    listener = _bind(host, port)
-    root = f"http://{_url_host(host)}:{listener.getsockname()[1]}"
     stored = config.state_file or "memory"
-    # Already listening: the URL works as soon as it is printed.
-    print(
-        f"Notification receiver: POST notices to {root}{NOTICES_PATH} "
-        f"(control API under {root}{CONTROL_PREFIX}/, notices kept in {stored})",
-        flush=True,
+    serve_foreground(
+        app,
+        host,
+        port,
+        banner=lambda root: (
+            f"Notification receiver: POST notices to {root}{NOTICES_PATH} "
+            f"(control API under {root}{CONTROL_PREFIX}/, notices kept in {stored})"
+        ),
+        on_shutdown=state.wake_delayed,
     )
-    uv = _ReceiverUvicorn(_uvicorn_config(app, configure_logging=True), state)
-    # Ctrl+C is the normal way to stop a foreground server, not an error worth a traceback.
-    with closing(listener), suppress(KeyboardInterrupt):
-        uv.run(sockets=[listener])
     state.close()
 
 

@@ -24,8 +24,6 @@ import hashlib
 import json
 import math
 import re
-import socket
-import struct
 import sys
 import threading
 import time
@@ -38,17 +36,20 @@ from datetime import datetime, timezone
 from typing import Any
 
 import httpx
-import uvicorn
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
-from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from ai_pipeline.prompts import extract_document
+from ai_pipeline.serving import (
+    BackgroundServer,
+    ConnectionReset,
+    retry_after_header,
+    serve_foreground,
+)
 
 DEFAULT_MODEL = "sim-analyst-1"
 MAX_SUMMARY_CHARS = 200
@@ -656,61 +657,6 @@ class SimulatorState:
 # HTTP app
 # ---------------------------------------------------------------------------------------------
 
-# Open connections by (server address, client address), so that a "reset" fault can find the
-# transport of its own request: ASGI gives an app no way to drop a connection without answering.
-_TRANSPORTS: dict[tuple[tuple[Any, ...], tuple[Any, ...]], asyncio.Transport] = {}
-
-
-def _tracking_protocol_class() -> type[asyncio.Protocol]:
-    base: Any = AutoHTTPProtocol
-
-    class TrackingHTTPProtocol(base):  # type: ignore[misc]
-        """uvicorn's HTTP protocol, registering its transport while the connection is open."""
-
-        _sim_key: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
-
-        def connection_made(self, transport: asyncio.Transport) -> None:
-            super().connection_made(transport)
-            if self.server and self.client:
-                self._sim_key = (tuple(self.server), tuple(self.client))
-                _TRANSPORTS[self._sim_key] = transport
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._sim_key is not None:
-                _TRANSPORTS.pop(self._sim_key, None)
-            super().connection_lost(exc)
-
-    return TrackingHTTPProtocol
-
-
-class _ConnectionReset(Response):
-    """A "response" that drops the TCP connection with a RST instead of answering."""
-
-    def __init__(self) -> None:
-        super().__init__(status_code=500)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        server, client = scope.get("server"), scope.get("client")
-        transport = _TRANSPORTS.get((tuple(server), tuple(client))) if server and client else None
-        if transport is None:
-            # Not under uvicorn (e.g. an in-process ASGI transport): an exception is the
-            # nearest thing to a dropped connection that the caller will see.
-            raise ConnectionResetError("simulated connection reset")
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            # Linger 0 makes close() send RST: the client sees "connection reset by peer".
-            with suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        transport.abort()
-        # Return only once uvicorn has seen the disconnect, or it would try to send a 500.
-        with suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(_until_disconnected(receive), timeout=2)
-
-
-async def _until_disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
 
 def _error_body(message: str, type_: str, code: str | None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": None, "code": code}}
@@ -769,10 +715,6 @@ def _document_text(messages: list[dict[str, Any]]) -> str | None:
         if message.get("role") == "user":
             return extract_document(_message_text(message.get("content")))
     return None
-
-
-def _retry_after_header(seconds: float) -> str:
-    return str(int(seconds)) if float(seconds).is_integer() else f"{seconds:g}"
 
 
 def _faulty_content(kind: str, analysis: dict[str, Any], text: str) -> str:
@@ -853,12 +795,12 @@ def create_app(config: SimulatorConfig) -> Starlette:
             if rule is not None and rule.kind == "status":
                 headers = dict(fault_header)
                 if rule.retry_after is not None:
-                    headers["retry-after"] = _retry_after_header(rule.retry_after)
+                    headers["retry-after"] = retry_after_header(rule.retry_after)
                 state.finish(record, rule.status)
                 return _status_error(rule.status, note, headers)
             if rule is not None and rule.kind == "reset":
                 state.finish(record, None)
-                return _ConnectionReset()
+                return ConnectionReset()
             if rule is not None and rule.kind == "timeout":
                 await state.hang()
 
@@ -978,131 +920,24 @@ def create_app(config: SimulatorConfig) -> Starlette:
 # ---------------------------------------------------------------------------------------------
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # A big backlog so that hundreds of simultaneous connects are queued, not refused.
-    return socket.create_server((host, port), family=family, backlog=2048)
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
-def _uvicorn_config(app: Starlette, *, configure_logging: bool) -> uvicorn.Config:
-    return uvicorn.Config(
-        app,
-        http=_tracking_protocol_class(),
-        ws="none",
-        lifespan="off",
-        loop="asyncio",
-        log_level="warning",
-        access_log=False,
-        # In-process servers must not reconfigure the host's logging (pytest, Dagster).
-        log_config=uvicorn.config.LOGGING_CONFIG if configure_logging else None,
-        # The "reset" fault finds its connection by the peer address; a forwarded-for header
-        # must not rewrite it.
-        proxy_headers=False,
-        limit_concurrency=None,
-        backlog=2048,
-        timeout_keep_alive=5,
-        timeout_graceful_shutdown=5,
-    )
-
-
-class _UvicornServer(uvicorn.Server):
-    """uvicorn's server, releasing hanging requests first when it shuts down.
-
-    Otherwise a "timeout" fault would hold up every shutdown for the graceful-shutdown timeout
-    and then die with a cancellation traceback.
-    """
-
-    def __init__(self, config: uvicorn.Config, state: SimulatorState) -> None:
-        super().__init__(config)
-        self._simulator_state = state
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        self._simulator_state.release_hangs()
-        await super().shutdown(sockets=sockets)
-
-
-class SimulatorServer:
+class SimulatorServer(BackgroundServer):
     """The simulator on a uvicorn server in a background thread (port 0 picks a free port)."""
+
+    name = "LLM simulator"
 
     def __init__(
         self, config: SimulatorConfig | None = None, host: str = "127.0.0.1", port: int = 0
     ) -> None:
         self.config = config or SimulatorConfig()
-        self.host = host
-        self._requested_port = port
-        self.app = create_app(self.config)
-        self.state: SimulatorState = self.app.state.simulator
-        self.port: int | None = None
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-
-    @property
-    def root_url(self) -> str:
-        if self.port is None:
-            raise RuntimeError("the simulator is not running; call start() first")
-        return f"http://{_url_host(self.host)}:{self.port}"
+        app = create_app(self.config)
+        self.state: SimulatorState = app.state.simulator
+        # Hanging requests are released first, so that stopping takes no time.
+        super().__init__(app, host, port, on_shutdown=self.state.release_hangs)
 
     @property
     def base_url(self) -> str:
         """The OpenAI base URL, e.g. ``http://127.0.0.1:PORT/v1``."""
         return f"{self.root_url}/v1"
-
-    def start(self, timeout: float = 10.0) -> SimulatorServer:
-        """Start serving; returns once the server accepts connections."""
-        if self._thread is not None:
-            raise RuntimeError("the simulator is already running")
-        sock = _bind(self.host, self._requested_port)
-        self.port = sock.getsockname()[1]
-        server = _UvicornServer(_uvicorn_config(self.app, configure_logging=False), self.state)
-        self._server, self._error = server, None
-        self._thread = threading.Thread(
-            target=self._run, args=(server, sock), name=f"llm-simulator-{self.port}", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not server.started:
-            if not self._thread.is_alive():
-                self._thread = None
-                raise RuntimeError("the LLM simulator failed to start") from self._error
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"the LLM simulator did not start within {timeout} s")
-            time.sleep(0.005)
-        return self
-
-    def _run(self, server: uvicorn.Server, sock: socket.socket) -> None:
-        loop = asyncio.new_event_loop()
-        try:
-            asyncio.set_event_loop(loop)
-            loop.run_until_complete(server.serve(sockets=[sock]))
-        except BaseException as exc:  # reported by start(); a thread has nobody else to tell
-            self._error = exc
-        finally:
-            sock.close()
-            loop.close()
-
-    def stop(self) -> None:
-        """Stop serving; hanging requests are released so that stopping takes no time."""
-        thread, server = self._thread, self._server
-        if thread is None or server is None:
-            return
-        server.should_exit = True
-        thread.join(timeout=10)
-        if thread.is_alive():
-            server.force_exit = True
-            thread.join(timeout=5)
-        self._thread = self._server = None
-
-    def __enter__(self) -> SimulatorServer:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     def stats(self) -> dict[str, Any]:
         """The same document as ``GET /_sim/stats``."""
@@ -1125,19 +960,15 @@ class SimulatorServer:
 def serve(config: SimulatorConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
     """Run the simulator in the foreground until interrupted; prints its base URL first."""
     app = create_app(config)
-    sock = _bind(host, port)
-    url = f"http://{_url_host(host)}:{sock.getsockname()[1]}"
-    # The socket is already listening, so the URL is usable as soon as it is printed.
-    print(f"LLM simulator: OpenAI base URL {url}/v1 (control API under {url}/_sim/)", flush=True)
-    server = _UvicornServer(_uvicorn_config(app, configure_logging=True), app.state.simulator)
-    try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:
-        # uvicorn shuts down gracefully on Ctrl+C and then re-raises the signal; for a command
-        # line tool that is a normal way to stop, not an error worth a traceback.
-        pass
-    finally:
-        sock.close()
+    serve_foreground(
+        app,
+        host,
+        port,
+        banner=lambda url: (
+            f"LLM simulator: OpenAI base URL {url}/v1 (control API under {url}/_sim/)"
+        ),
+        on_shutdown=app.state.simulator.release_hangs,
+    )
 
 
 class SimulatorControl:
