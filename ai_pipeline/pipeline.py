@@ -253,11 +253,22 @@ class Analyser:
             self.store.add_history(document_id, "DEAD_LETTER", detail, task_id=task)
             log.error(f"moved to DEAD_LETTER after {detail}; `ai-pipeline requeue` puts it back")
 
-    def _record_attempt(self, task: str, category: Category, attempt: int, error: str) -> None:
-        """A failed attempt that the client retries or waits out: an event, not a state."""
+    def _record_attempt(self, task: str, category: Category, request: int, error: str) -> None:
+        """A failed request that the client retries or waits out: an event, not a state.
+
+        ``attempt`` in the failure events is always the document's attempt (the run that tried
+        it), the same number its final failure is recorded under; the request is in the text.
+        """
         document_id = task.split("-", 1)[0]
+        doc = self.store.get_document(document_id)
+        attempt = (doc["attempts"] if doc else 0) + 1
         self.store.record_failure(
-            document_id, category, error, task_id=task, run_id=self.run_id, attempt=attempt
+            document_id,
+            category,
+            f"request {request}: {error}",
+            task_id=task,
+            run_id=self.run_id,
+            attempt=attempt,
         )
 
     async def _stages(
