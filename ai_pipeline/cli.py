@@ -81,7 +81,10 @@ def not_done(document_ids: Sequence[str]) -> list[str]:
     from ai_pipeline.store import get_store
 
     store = get_store(Settings.load().database_url)
-    states = {d["document_id"]: d["state"] for d in store.get_documents(document_ids)}
+    docs = {d["document_id"]: d for d in store.get_documents(document_ids)}
+    states = {d: doc["state"] for d, doc in docs.items()}
+    # A document a reviewer rejected is settled: it is reported, never analysed again.
+    document_ids = [d for d in document_ids if not (d in docs and docs[d]["status_message"])]
     in_dagster = (
         instance().get_status_by_partition(ANALYSIS_RESULTS, document_ids, documents_partitions)
         or {}

@@ -66,6 +66,7 @@ def report_for(document_ids: Sequence[str] | None = None) -> dict[str, Any]:
                 "category": d["category"],
                 "attempts": d["attempts"],
                 "error": d["last_error"] if d["state"] != "COMPLETED" else None,
+                "status_message": d["status_message"],
                 "summary": result["summary"] if result else None,
                 "sentiment": result["sentiment"] if result else None,
                 "updated_at": d["updated_at"].isoformat() if d["updated_at"] else None,
@@ -115,6 +116,8 @@ def print_table(report: dict[str, Any]) -> None:
         print("\nwhy:")
         for r in failed:
             print(f"  {r['document_id']}  {r['state']} {r['category'] or ''}: {r['error'] or ''}")
+            if r["status_message"]:
+                print(f"      rejected: {r['status_message']}")
 
 
 def emit(args: argparse.Namespace, report: dict[str, Any]) -> None:

@@ -190,6 +190,20 @@ class Analyser:
             )
             log.error(events[-1].error)  # type: ignore[union-attr]
             return events
+        if doc["status_message"]:
+            # A reviewer rejected it: nothing about it runs again, nothing downstream happens.
+            category = Category(doc["category"]) if doc["category"] else Category.INTERNAL_ERROR
+            events.append(
+                StageFailed(
+                    document_id,
+                    "document_text",
+                    category,
+                    f"rejected by a reviewer: {doc['status_message']}",
+                    task,
+                )
+            )
+            log.info("rejected by a reviewer; not processed")
+            return events
         previous = _claim(self.store, document_id, self.run_id)
         if previous == State.CANCELLED:
             log.info("cancelled; skipped")

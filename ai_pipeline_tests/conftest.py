@@ -177,3 +177,13 @@ def sample_text(i: int) -> str:
         f"Customer Ana Ribeiro praised the excellent packaging of shipment {i}. "
         "The team resolved every question quickly."
     )
+
+
+@pytest.fixture
+def webhook_receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """A fresh reference webhook receiver, with AI_PIPELINE_WEBHOOK_URL pointing at it."""
+    from ai_pipeline.receiver import ReceiverServer
+
+    with ReceiverServer() as server:
+        monkeypatch.setenv("AI_PIPELINE_WEBHOOK_URL", server.url)
+        yield server
