@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ai_pipeline.cli_common import (
+    EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
     UsageError,
@@ -266,6 +267,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if out["backfill_id"]:
             print(f"backfill {out['backfill_id']}; follow it with: ai-pipeline batch {batch_id}")
         _print_batch(out)
+    if "status" in out:
+        # Waited for: 1 when a document of the batch failed, like run and backfill --wait.
+        return EXIT_FAILED if out["failed"] else EXIT_OK
     return EXIT_OK
 
 

@@ -114,16 +114,17 @@ def analyse_documents(
     results_io_manager: dg.ResourceParam[ResultsIOManager],
 ) -> Iterator[Any]:
     """Read, analyse, check and store every document of the run's partition range."""
-    selected = set(context.selected_asset_keys)
+    # Every stage runs for every document whatever the selection (each is checkpointed, so a
+    # stage already done costs nothing), and every stage that completed is reported: a backfill
+    # of analysis_results alone then also clears the upstream stages' FAILED status.
     selected_checks = set(context.selected_asset_check_keys)
     document_ids = sorted(context.partition_keys)
     config = settings.resolve()
     notifier = None
-    if COMPLETION_NOTICE in selected:
-        if config.webhook_url:
-            notifier = Notifier(config.webhook_url)
-        else:
-            context.log.info("no webhook configured (AI_PIPELINE_WEBHOOK_URL): no notices sent")
+    if config.webhook_url:
+        notifier = Notifier(config.webhook_url)
+    else:
+        context.log.info("no webhook configured (AI_PIPELINE_WEBHOOK_URL): no notices sent")
     analyser = Analyser(
         results_store.get(),
         llm.client(),
@@ -131,7 +132,6 @@ def analyse_documents(
         log=context.log,
         run_id=context.run.run_id,
         min_confidence=config.min_confidence,
-        write_results=ANALYSIS_RESULTS in selected,
         notifier=notifier,
         retry_budget=config.retry_budget,
     )
@@ -146,7 +146,7 @@ def analyse_documents(
             if isinstance(event, StageFailed):
                 failed[document_id] = event
                 continue
-            yield from _report(context, event, selected, selected_checks)
+            yield from _report(context, event, selected_checks)
         done += 1
         if done % 25 == 0 or done == len(document_ids):
             context.log.info(
@@ -170,12 +170,9 @@ def analyse_documents(
 def _report(
     context: dg.AssetExecutionContext,
     event: StageDone,
-    selected: set[dg.AssetKey],
     selected_checks: set[dg.AssetCheckKey],
 ) -> Iterator[Any]:
     asset_key = dg.AssetKey(event.stage)
-    if asset_key not in selected:
-        return
     yield dg.AssetMaterialization(
         asset_key=asset_key,
         partition=event.document_id,
