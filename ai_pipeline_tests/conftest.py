@@ -187,3 +187,28 @@ def webhook_receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     with ReceiverServer() as server:
         monkeypatch.setenv("AI_PIPELINE_WEBHOOK_URL", server.url)
         yield server
+
+
+# --- real Dagster processes (ai_pipeline_tests/dagster_procs.py) ----------------------------------
+
+
+@pytest.fixture
+def no_inbox_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No inbox settings in the environment (nor in that of the processes the test starts)."""
+    for name in (
+        "AI_PIPELINE_INBOX",
+        "AI_PIPELINE_DOCUMENTS_PER_RUN",
+        "AI_PIPELINE_SETTLE_SECONDS",
+    ):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, dagster_home: Path) -> Iterator[object]:
+    """A ``dagster-daemon`` (a ``DagsterProcess``) for the test to start; stopped at the end, and
+    nothing started for this test's instance may survive it: not the daemon, its code server, nor
+    any run worker, wherever it ended up."""
+    from ai_pipeline_tests.dagster_procs import DagsterProcess, running
+
+    with running(DagsterProcess.daemon(tmp_path / "daemon.log"), dagster_home) as process:
+        yield process

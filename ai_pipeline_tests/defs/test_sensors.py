@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +19,8 @@ from ai_pipeline.defs.resources import PipelineSettings, ResultsStore
 from ai_pipeline.defs.sensors import inbox_sensor
 from ai_pipeline.documents import content_id
 from ai_pipeline.store import get_store
-from ai_pipeline_tests.conftest import REPO, make_inbox, sample_text
+from ai_pipeline_tests.conftest import make_inbox, sample_text
+from ai_pipeline_tests.dagster_procs import DagsterProcess, wait_for
 from ai_pipeline_tests.defs.test_assets import STATUS, doc_id, statuses, task_of
 
 RANGE_START = "dagster/asset_partition_range_start"
@@ -84,16 +80,6 @@ def run_ranges(result: dg.SensorResult) -> list[tuple[str, str, int]]:
 def expected_ranges(ids: list[str], size: int) -> list[tuple[str, str, int]]:
     chunks = [ids[i : i + size] for i in range(0, len(ids), size)]
     return [(c[0], c[-1], len(c)) for c in chunks]
-
-
-@pytest.fixture
-def no_inbox_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (
-        "AI_PIPELINE_INBOX",
-        "AI_PIPELINE_DOCUMENTS_PER_RUN",
-        "AI_PIPELINE_SETTLE_SECONDS",
-    ):
-        monkeypatch.delenv(name, raising=False)
 
 
 def test_new_files_become_partitions_and_range_runs(
@@ -257,121 +243,11 @@ def test_no_inbox_configured_skips(
 
 
 # --- the sensor in a real dagster-daemon ---------------------------------------------------------
+# (The ``daemon`` fixture is in conftest.py, the process itself in ai_pipeline_tests.dagster_procs.)
 
-DEADLINE_SECONDS = 180
 SENSOR_INTERVAL_SECONDS = 2
 DOCUMENTS_PER_RUN = 10
 TERMINAL = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
-
-
-class Daemon:
-    """``dagster-daemon run`` on the project's workspace, in a process group of its own."""
-
-    def __init__(self, log_path: Path) -> None:
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [
-                    str(Path(sys.executable).with_name("dagster-daemon")),
-                    "run",
-                    "-w",
-                    str(REPO / "workspace.yaml"),
-                ],
-                cwd=REPO,
-                env=os.environ.copy(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                # A non-interactive parent may hand down "ignore SIGINT", and Dagster handles
-                # SIGTERM as SIGINT: restore the default so that SIGTERM stops it.
-                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-            )
-
-    def log_tail(self, lines: int = 60) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def check_alive(self) -> None:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            pytest.fail(
-                f"dagster-daemon exited with {self.proc.returncode}; log tail:\n{self.log_tail()}"
-            )
-
-    def stop(self) -> None:
-        """SIGTERM to the whole process group; SIGKILL whatever is left after a grace period."""
-        if self.proc is None:
-            return
-        pgid = self.proc.pid
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=30)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and _group_alive(pgid):
-            time.sleep(0.1)
-        if _group_alive(pgid):
-            os.killpg(pgid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-            raise AssertionError("dagster-daemon's process group outlived SIGTERM by 15 s")
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def processes_with_env(name: str, value: str) -> list[int]:
-    """Live processes (other than this one) whose environment has ``name=value``."""
-    needle = f"{name}={value}".encode() + b"\0"
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes() + b"\0"
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and (b"\0" + needle) in (b"\0" + environ):
-            found.append(int(entry.name))
-    return found
-
-
-@pytest.fixture
-def daemon(tmp_path: Path, dagster_home: Path) -> Iterator[Daemon]:
-    d = Daemon(tmp_path / "daemon.log")
-    try:
-        yield d
-    finally:
-        d.stop()
-        # Nothing started for this test's instance survives it: not the daemon, its code server,
-        # nor any run worker, wherever it ended up.
-        lingering = processes_with_env("DAGSTER_HOME", str(dagster_home))
-        assert not lingering, f"processes left behind: {lingering}\n{d.log_tail()}"
-
-
-def wait_for(
-    daemon: Daemon, what: str, condition: Callable[[], Any], timeout: float = DEADLINE_SECONDS
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        daemon.check_alive()
-        if time.monotonic() > deadline:
-            pytest.fail(
-                f"timed out after {timeout} s waiting for {what}; daemon log tail:\n"
-                f"{daemon.log_tail()}"
-            )
-        time.sleep(0.5)
 
 
 def drop(inbox: Path, staging: Path, files: dict[str, str]) -> None:
@@ -417,7 +293,7 @@ def sensor_ticks(instance: dg.DagsterInstance) -> list[Any]:
 def test_daemon_sensor_launches_each_document_once(
     instance: dg.DagsterInstance,
     simulator,
-    daemon: Daemon,
+    daemon: DagsterProcess,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

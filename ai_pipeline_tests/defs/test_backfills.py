@@ -1,0 +1,583 @@
+"""Failed-only backfills: the UI's "Failed" selection, the CLI, the nightly schedule and batches.
+
+Each test starts from documents that really failed (faults injected at the simulator, then run
+through Dagster by ``process_inbox``) and checks what a rerun touched: the runs and the partitions
+they cover, the requests the simulator received per task id, the documents' states and Dagster's
+partition statuses. Backfills run only in a daemon (DESIGN.md, decision 7), so the tests marked
+``daemon`` start a real ``dagster-daemon`` (and, for the UI, ``dagster-webserver``): the daemon
+fixture of ``conftest.py``, the processes of ``ai_pipeline_tests.dagster_procs``. Its backfill loop
+sleeps 30 s between iterations, so one backfill takes 30 to 60 s: to keep this file within a few
+minutes, only the UI test runs its daemon on both backends and each other daemon test on one (named
+at its ``parametrize``); the schedule function, which needs no daemon, runs on both.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from ai_pipeline.cli import execute, main, process_inbox, register_inbox
+from ai_pipeline.defs import backfills
+from ai_pipeline.defs.assets import (
+    ANALYSIS_RESULTS,
+    COMPLETION_NOTICE,
+    DOCUMENT_TEXT,
+    LLM_ANALYSIS,
+    VALIDATED_ANALYSIS,
+)
+from ai_pipeline.defs.backfills import backfill_id_for
+from ai_pipeline.defs.partitions import documents_partitions
+from ai_pipeline.defs.report import NIGHTLY_TAG, nightly_retry_schedule
+from ai_pipeline.defs.resources import ResultsStore
+from ai_pipeline.intake import batch_key
+from ai_pipeline.reporting import build_report
+from ai_pipeline.states import State
+from ai_pipeline.store import get_store
+from ai_pipeline_tests.conftest import make_inbox, sample_text
+from ai_pipeline_tests.dagster_procs import DEADLINE_SECONDS, DagsterProcess, running, wait_for
+from ai_pipeline_tests.defs.test_assets import STATUS, statuses, task_of
+from ai_pipeline_tests.defs.test_sensors import RANGE_END, RANGE_START
+
+ANALYSIS_KEYS = (
+    DOCUMENT_TEXT,
+    LLM_ANALYSIS,
+    VALIDATED_ANALYSIS,
+    ANALYSIS_RESULTS,
+    COMPLETION_NOTICE,
+)
+BACKFILL_DEADLINE_SECONDS = 240
+REPORT = dg.AssetKey("failure_report")
+
+LAUNCH_BACKFILL = """
+mutation($backfillParams: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $backfillParams) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message stack }
+    ... on InvalidSubsetError { message }
+    ... on Error { message }
+  }
+}
+"""
+BACKFILL_STATUS = """
+query($id: String!) {
+  partitionBackfillOrError(backfillId: $id) {
+    __typename
+    ... on PartitionBackfill { id status numPartitions }
+  }
+}
+"""
+
+
+# --- documents that really failed -----------------------------------------------------------------
+
+
+@dataclass
+class Seeded:
+    """Documents registered and run once through Dagster with faults; ids in partition order."""
+
+    inbox: Path
+    ids: list[str]
+    network: list[str]
+    low_confidence: list[str]
+
+    @property
+    def failed(self) -> list[str]:
+        return [i for i in self.ids if i in self.network or i in self.low_confidence]
+
+    @property
+    def untouched(self) -> list[str]:
+        return [i for i in self.ids if i not in self.failed]
+
+
+def seed(
+    tmp_path: Path,
+    simulator: Any,
+    *,
+    count: int = 8,
+    network: Sequence[int] = (1, 5),
+    low_confidence: Sequence[int] = (3,),
+) -> Seeded:
+    """Documents at ``network`` get persistent 503s (NETWORK_TIMEOUT: no answer is ever stored),
+    those at ``low_confidence`` an answer with confidence 0.42 (checkpointed, then failed at
+    validation); the faults stay in place until the test clears them."""
+    texts = {f"doc-{i}.txt": sample_text(i) for i in range(count)}
+    inbox = make_inbox(tmp_path / "inbox", texts)
+    _, ids = register_inbox(inbox, quiet=True)
+    seeded = Seeded(inbox, ids, [ids[i] for i in network], [ids[i] for i in low_confidence])
+    simulator.set_faults(
+        [{"kind": "status", "status": 503, "match": task_of(i)} for i in seeded.network]
+        + [{"kind": "low_confidence", "match": task_of(i)} for i in seeded.low_confidence]
+    )
+    process_inbox(inbox, quiet=True)
+    return seeded
+
+
+def states(ids: Sequence[str]) -> dict[str, tuple[str, str | None]]:
+    """(state, category) of each document in the results database."""
+    docs = {d["document_id"]: d for d in get_store().get_documents(ids)}
+    return {i: (docs[i]["state"], docs[i]["category"]) for i in ids}
+
+
+def calls(simulator: Any, ids: Sequence[str]) -> dict[str, int]:
+    """LLM requests the simulator received per document (its analysis task id)."""
+    return {i: simulator.requests_for(task_of(i)) for i in ids}
+
+
+def dagster_failed(instance: dg.DagsterInstance, ids: Sequence[str]) -> list[str]:
+    """The documents Dagster shows FAILED for ``analysis_results``, in partition order."""
+    by_key = statuses(instance, ANALYSIS_RESULTS, list(ids))
+    return [i for i in ids if by_key.get(i) == STATUS.FAILED]
+
+
+def assert_seeded(instance: dg.DagsterInstance, seeded: Seeded, simulator: Any) -> None:
+    """What the faults did: the failed documents are FAILED here and in Dagster, the rest done."""
+    assert dagster_failed(instance, seeded.ids) == seeded.failed
+    assert states(seeded.ids) == (
+        {i: ("COMPLETED", None) for i in seeded.untouched}
+        | {i: ("FAILED", "NETWORK_TIMEOUT") for i in seeded.network}
+        | {i: ("FAILED", "LOW_CONFIDENCE") for i in seeded.low_confidence}
+    )
+    # A 503 is tried three times (two retries), every other document once.
+    assert calls(simulator, seeded.ids) == {i: 3 if i in seeded.network else 1 for i in seeded.ids}
+
+
+# --- backfills, runs and the partitions they cover ------------------------------------------------
+
+
+def targeted(backfill: Any) -> dict[dg.AssetKey, set[str]]:
+    """The partitions an asset backfill targets, per asset."""
+    subsets = backfill.asset_backfill_data.target_subset.partitions_subsets_by_asset_key
+    return {key: set(subset.get_partition_keys()) for key, subset in subsets.items()}
+
+
+def backfill_runs(instance: dg.DagsterInstance, backfill_id: str) -> list[dg.DagsterRun]:
+    return list(instance.get_runs(filters=dg.RunsFilter(tags={"dagster/backfill": backfill_id})))
+
+
+def covered(instance: dg.DagsterInstance, run: dg.DagsterRun) -> list[str]:
+    """The documents a run covers: its partition range (or its one partition)."""
+    if RANGE_START in run.tags:
+        keys = instance.get_dynamic_partitions(documents_partitions.name or "documents")
+        start, end = keys.index(run.tags[RANGE_START]), keys.index(run.tags[RANGE_END])
+        return keys[start : end + 1]
+    return [run.tags["dagster/partition"]]
+
+
+def backfill_ended(instance: dg.DagsterInstance, backfill_id: str) -> bool:
+    from dagster._core.execution.backfill import BULK_ACTION_TERMINAL_STATUSES
+
+    backfill = instance.get_backfill(backfill_id)
+    return backfill is not None and backfill.status in BULK_ACTION_TERMINAL_STATUSES
+
+
+def latest_materialization(
+    instance: dg.DagsterInstance, asset_key: dg.AssetKey, document_id: str
+) -> Any:
+    """The event of one document's newest materialization of an asset."""
+    (record,) = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[document_id]), limit=1
+    ).records
+    return record.event_log_entry
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    """``ai-pipeline ARGV`` in this process: exit code and the JSON it printed."""
+    capsys.readouterr()
+    code = main(list(argv))
+    return code, json.loads(capsys.readouterr().out)
+
+
+# --- the processes --------------------------------------------------------------------------------
+
+
+def quiet_nightly_cron() -> str:
+    """A daily cron twelve hours away: the nightly schedule (RUNNING by default) cannot tick."""
+    return f"0 {(datetime.now(timezone.utc).hour + 12) % 24} * * *"
+
+
+@pytest.fixture
+def daemon_env(no_inbox_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment the daemon inherits: no inbox, no webhook, a nightly schedule that waits."""
+    monkeypatch.delenv("AI_PIPELINE_WEBHOOK_URL", raising=False)
+    monkeypatch.delenv("AI_PIPELINE_RETRY_BUDGET", raising=False)
+    monkeypatch.setenv("AI_PIPELINE_TIMEZONE", "UTC")
+    monkeypatch.setenv("AI_PIPELINE_NIGHTLY_CRON", quiet_nightly_cron())
+
+
+@pytest.fixture
+def webserver(daemon: DagsterProcess, tmp_path: Path) -> Iterator[DagsterProcess]:
+    """A ``dagster-webserver`` on a free port, for the test to start; stopped at the end."""
+    # Depends on ``daemon`` so that it stops first: the daemon fixture then checks that nothing
+    # started for this test's instance, the webserver included, is left running.
+    with running(DagsterProcess.webserver(tmp_path / "webserver.log")) as server:
+        yield server
+
+
+# --- 1. "Failed" from the UI ----------------------------------------------------------------------
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+def test_ui_failed_backfill_reruns_only_the_failed_documents(
+    instance: dg.DagsterInstance,
+    simulator: Any,
+    daemon_env: None,
+    daemon: DagsterProcess,
+    webserver: DagsterProcess,
+    tmp_path: Path,
+) -> None:
+    """The UI's "Failed" backfill reruns exactly the failed documents and never repays an answer."""
+    webserver.start()  # it loads while the documents are run
+    seeded = seed(tmp_path, simulator)
+    assert_seeded(instance, seeded, simulator)
+    simulator.set_faults([])
+    before = calls(simulator, seeded.ids)
+    total_before = simulator.stats()["total"]
+    runs_before = {r.run_id for r in instance.get_runs()}
+    webserver.wait_ready(locations_loaded=True)
+
+    # What the asset page's "Materialize…" → "Failed" → "Launch backfill" sends.
+    failed = dagster_failed(instance, seeded.ids)
+    launched = webserver.graphql(
+        LAUNCH_BACKFILL,
+        {
+            "backfillParams": {
+                "partitionNames": failed,
+                "assetSelection": [{"path": k.path} for k in ANALYSIS_KEYS],
+                "fromFailure": False,
+                "tags": [],
+            }
+        },
+    )["launchPartitionBackfill"]
+    assert launched["__typename"] == "LaunchBackfillSuccess", launched
+    backfill_id = launched["backfillId"]
+    # Started after the launch, the daemon's first backfill iteration picks it up at once.
+    daemon.start()
+    shown = webserver.graphql(BACKFILL_STATUS, {"id": backfill_id})["partitionBackfillOrError"]
+    assert (shown["status"], shown["numPartitions"]) == ("REQUESTED", 3), "on the Backfills page"
+    webserver.stop()  # while the daemon loads: nothing else needs the UI
+    wait_for(
+        daemon,
+        f"backfill {backfill_id} to end",
+        lambda: backfill_ended(instance, backfill_id),
+        timeout=BACKFILL_DEADLINE_SECONDS,
+    )
+
+    backfill = instance.get_backfill(backfill_id)
+    assert backfill is not None
+    assert targeted(backfill) == {k: set(seeded.failed) for k in ANALYSIS_KEYS}
+    # The low-confidence document fails again, from its stored answer.
+    assert backfill.status.value == "COMPLETED_FAILED"
+
+    new_runs = [r for r in instance.get_runs() if r.run_id not in runs_before]
+    assert new_runs and {r.run_id for r in new_runs} == {
+        r.run_id for r in backfill_runs(instance, backfill_id)
+    }
+    assert all(
+        r.status in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE) for r in new_runs
+    )
+    reran = [k for r in new_runs for k in covered(instance, r)]
+    assert sorted(reran) == sorted(seeded.failed), "each failed document in one run, no other"
+    last_written_by = {
+        i: latest_materialization(instance, ANALYSIS_RESULTS, i).run_id for i in seeded.untouched
+    }
+    assert not set(last_written_by.values()) & {r.run_id for r in new_runs}
+
+    (low,) = seeded.low_confidence
+    assert calls(simulator, seeded.ids) == {
+        i: before[i] + 1 if i in seeded.network else before[i] for i in seeded.ids
+    }
+    assert simulator.stats()["total"] == total_before + len(seeded.network)
+    answer = latest_materialization(instance, LLM_ANALYSIS, low).asset_materialization
+    assert answer.metadata["from_checkpoint"].value is True
+    assert states(seeded.ids) == {i: ("COMPLETED", None) for i in seeded.ids} | {
+        low: ("FAILED", "LOW_CONFIDENCE")
+    }
+    assert get_store().get_document(low)["attempts"] == 2
+    assert statuses(instance, ANALYSIS_RESULTS, seeded.ids) == {
+        i: STATUS.MATERIALIZED for i in seeded.ids
+    } | {low: STATUS.FAILED}
+
+
+# --- 2. the CLI -----------------------------------------------------------------------------------
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # one backend: see the docstring
+def test_cli_backfill_plans_by_category_then_waits_for_the_daemon(
+    instance: dg.DagsterInstance,
+    simulator: Any,
+    daemon_env: None,
+    daemon: DagsterProcess,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``backfill`` plans by category (people's left out), launches nothing dry, and can wait."""
+    seeded = seed(tmp_path, simulator)
+    assert_seeded(instance, seeded, simulator)
+    simulator.set_faults([])
+    before = calls(simulator, seeded.ids)
+    (low,) = seeded.low_confidence
+
+    code, plan = run_cli(
+        capsys, "backfill", "--failed", "--category", "NETWORK_TIMEOUT", "--dry-run", "--json"
+    )
+    assert code == 0
+    assert (plan["dry_run"], plan["backfill_id"]) == (True, None)
+    assert [(d["document_id"], d["category"]) for d in plan["selected"]] == [
+        (i, "NETWORK_TIMEOUT") for i in seeded.network
+    ]
+    assert [(d["document_id"], d["skipped"]) for d in plan["skipped"]] == [
+        (low, "category LOW_CONFIDENCE not selected")
+    ]
+    # Without --category: every retryable failure; the categories that need a person left out.
+    code, default = run_cli(capsys, "backfill", "--failed", "--dry-run", "--json")
+    assert code == 0
+    assert [d["document_id"] for d in default["selected"]] == seeded.network
+    assert [(d["document_id"], d["category"]) for d in default["skipped"]] == [
+        (low, "LOW_CONFIDENCE")
+    ]
+    assert "needs a person" in default["skipped"][0]["skipped"]
+    assert instance.get_backfills() == []
+    assert calls(simulator, seeded.ids) == before
+
+    daemon.start()
+
+    code, out = run_cli(
+        capsys,
+        *("backfill", "--failed", "--category", "NETWORK_TIMEOUT"),
+        *("--wait", "--timeout", str(BACKFILL_DEADLINE_SECONDS), "--json"),
+    )
+
+    assert code == 0, out
+    (backfill,) = instance.get_backfills()
+    assert backfill.backfill_id == out["backfill_id"]
+    assert backfill.status.value == out["status"] == "COMPLETED_SUCCESS"
+    assert targeted(backfill) == {k: set(seeded.network) for k in ANALYSIS_KEYS}
+    assert [(d["document_id"], d["state"]) for d in out["documents"]] == [
+        (i, "COMPLETED") for i in seeded.network
+    ]
+    reran = [k for r in backfill_runs(instance, backfill.backfill_id) for k in covered(instance, r)]
+    assert sorted(reran) == sorted(seeded.network)
+    assert calls(simulator, seeded.ids) == {
+        i: before[i] + 1 if i in seeded.network else before[i] for i in seeded.ids
+    }
+    assert states(seeded.ids) == {i: ("COMPLETED", None) for i in seeded.ids} | {
+        low: ("FAILED", "LOW_CONFIDENCE")
+    }
+    assert dagster_failed(instance, seeded.ids) == [low]
+
+
+# --- 3. the nightly schedule ----------------------------------------------------------------------
+
+
+def evaluate_nightly(instance: dg.DagsterInstance, night: datetime) -> Any:
+    context = dg.build_schedule_context(
+        instance=instance,
+        scheduled_execution_time=night,
+        resources={"results_store": ResultsStore()},
+    )
+    return nightly_retry_schedule(context)
+
+
+def test_nightly_schedule_backfills_retryable_failures_once_per_night(
+    instance: dg.DagsterInstance, simulator: Any, tmp_path: Path
+) -> None:
+    """A night's tick backfills the retryable failures once (no dead letter); none: the report."""
+    seeded = seed(tmp_path, simulator, network=(1, 5, 6))
+    assert_seeded(instance, seeded, simulator)
+    simulator.set_faults([])
+    dead = seeded.network[-1]
+    get_store().transition(dead, State.DEAD_LETTER)
+    retryable = seeded.network[:-1]
+    night = datetime(2026, 3, 14, 2, 0, tzinfo=timezone.utc)
+
+    first = evaluate_nightly(instance, night)
+
+    assert isinstance(first, dg.SkipReason), first
+    (backfill,) = instance.get_backfills()
+    assert backfill.backfill_id == backfill_id_for("nightly-2026-03-14")
+    assert backfill.backfill_id in (first.skip_message or "")
+    assert backfill.tags[NIGHTLY_TAG] == "2026-03-14"
+    assert targeted(backfill) == {k: set(retryable) for k in ANALYSIS_KEYS}
+
+    # The same night evaluated again (a retried tick): still the one backfill.
+    again = evaluate_nightly(instance, night)
+    assert isinstance(again, dg.SkipReason)
+    assert [b.backfill_id for b in instance.get_backfills()] == [backfill.backfill_id]
+
+    # The retryable ones fixed; what is left needs a person or is dead: the report, no backfill.
+    execute(retryable, quiet=True)
+    assert states(retryable) == {i: ("COMPLETED", None) for i in retryable}
+    next_night = evaluate_nightly(instance, night + timedelta(days=1))
+    assert isinstance(next_night, dg.RunRequest), next_night
+    assert next_night.run_key == "report-2026-03-15"
+    assert next_night.tags[NIGHTLY_TAG] == "2026-03-15"
+    assert len(instance.get_backfills()) == 1
+    assert states([dead])[dead][0] == "DEAD_LETTER"
+
+
+def nightly_backfills(instance: dg.DagsterInstance) -> list[Any]:
+    return [b for b in instance.get_backfills() if NIGHTLY_TAG in b.tags]
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)  # one backend: see the docstring
+def test_nightly_tick_backfills_then_reports(
+    instance: dg.DagsterInstance,
+    simulator: Any,
+    daemon_env: None,
+    daemon: DagsterProcess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The daemon's nightly tick backfills the retryable failures, and the report follows it."""
+    seeded = seed(tmp_path, simulator, network=(1, 5, 6))
+    assert_seeded(instance, seeded, simulator)
+    simulator.set_faults([])
+    dead = seeded.network[-1]
+    get_store().transition(dead, State.DEAD_LETTER)
+    retryable = seeded.network[:-1]
+    (low,) = seeded.low_confidence
+    before = calls(simulator, seeded.ids)
+    # Read when the daemon's code server imports the definitions: every minute is "the night".
+    monkeypatch.setenv("AI_PIPELINE_NIGHTLY_CRON", "* * * * *")
+    daemon.start()
+
+    def nightly_ended() -> Any:
+        found = nightly_backfills(instance)
+        return found and all(backfill_ended(instance, b.backfill_id) for b in found) and found
+
+    (backfill, *later) = wait_for(daemon, "the nightly backfill to end", nightly_ended)
+    assert not later or backfill.tags[NIGHTLY_TAG] != later[0].tags[NIGHTLY_TAG]  # past midnight
+    assert backfill.backfill_id == backfill_id_for(f"nightly-{backfill.tags[NIGHTLY_TAG]}")
+    assert targeted(backfill) == {k: set(retryable) for k in ANALYSIS_KEYS}
+    assert backfill.status.value == "COMPLETED_SUCCESS"
+    ended_at = backfill.backfill_end_timestamp or time.time()
+
+    def report_after_backfill() -> Any:
+        event = instance.get_latest_materialization_event(REPORT)
+        return event is not None and event.timestamp >= ended_at and event
+
+    event = wait_for(daemon, "the failure report", report_after_backfill, DEADLINE_SECONDS)
+
+    assert states(seeded.ids) == {i: ("COMPLETED", None) for i in seeded.ids} | {
+        low: ("FAILED", "LOW_CONFIDENCE"),
+        dead: ("DEAD_LETTER", "NETWORK_TIMEOUT"),
+    }
+    assert calls(simulator, seeded.ids) == {
+        i: before[i] + 1 if i in retryable else before[i] for i in seeded.ids
+    }
+    metadata = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+    expected = build_report(get_store())
+    assert (metadata["documents"], metadata["success_rate"], metadata["failed"]) == (
+        expected["documents"],
+        expected["success_rate"],
+        2,
+    )
+    assert (expected["documents"], expected["success_rate"]) == (8, 0.75)
+
+
+# --- 4. batches -----------------------------------------------------------------------------------
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # one backend: see the docstring
+def test_batch_resubmission_resumes_only_the_failed_document(
+    instance: dg.DagsterInstance,
+    simulator: Any,
+    daemon_env: None,
+    daemon: DagsterProcess,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A batch reports its failed document; resubmitted, the same batch reruns only that one."""
+    texts = {f"contract-{i}.txt": sample_text(700 + i) for i in range(5)}
+    inbox = make_inbox(tmp_path / "contracts", texts)
+    _, ids = register_inbox(inbox, quiet=True)
+    bad = ids[2]
+    simulator.set_faults([{"kind": "status", "status": 503, "match": task_of(bad)}])
+    daemon.start()
+
+    submit = ("submit", str(inbox), "--batch", "nightly-contracts", "--wait", "--json")
+    code, first = run_cli(capsys, *submit, "--timeout", str(BACKFILL_DEADLINE_SECONDS))
+
+    assert code == 1, "a document of the batch failed"
+    batch_id = batch_key(sorted(ids))
+    assert first["batch_id"] == batch_id
+    assert (first["pending_at_submit"], first["status"]) == (5, "COMPLETED_FAILED")
+    code, summary = run_cli(capsys, "batch", batch_id, "--json")
+    assert code == 0
+    assert summary["name"] == "nightly-contracts"
+    assert (summary["total"], summary["succeeded"], summary["failed"], summary["pending"]) == (
+        5,
+        4,
+        1,
+        0,
+    )
+    assert summary["failed_ids"] == [bad]
+    assert summary["failures"][bad]["category"] == "NETWORK_TIMEOUT"
+    assert calls(simulator, ids) == {i: 3 if i == bad else 1 for i in ids}
+
+    simulator.set_faults([])
+    # A fresh daemon's first backfill iteration runs at once; this one would sleep out its 30 s.
+    daemon.stop()
+    daemon.start()
+    code, second = run_cli(capsys, *submit, "--timeout", str(BACKFILL_DEADLINE_SECONDS))
+
+    assert code == 0, second
+    assert second["batch_id"] == batch_id
+    assert second["pending_at_submit"] == 1
+    assert second["status"] == "COMPLETED_SUCCESS"
+    assert second["backfill_id"] != first["backfill_id"]
+    resubmitted = instance.get_backfill(second["backfill_id"])
+    assert resubmitted is not None
+    assert targeted(resubmitted) == {k: {bad} for k in ANALYSIS_KEYS}
+    assert resubmitted.tags["ai_pipeline/batch"] == batch_id
+    reran = [
+        k for r in backfill_runs(instance, second["backfill_id"]) for k in covered(instance, r)
+    ]
+    assert reran == [bad]
+    assert (second["total"], second["succeeded"], second["failed"], second["failed_ids"]) == (
+        5,
+        5,
+        0,
+        [],
+    )
+    assert calls(simulator, ids) == {i: 4 if i == bad else 1 for i in ids}
+    assert statuses(instance, ANALYSIS_RESULTS, ids) == {i: STATUS.MATERIALIZED for i in ids}
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # exit codes know no backend
+def test_submit_wait_exits_1_when_a_document_of_the_batch_failed(
+    instance: dg.DagsterInstance,
+    simulator: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``submit --wait`` exits 1 when its batch ends with a failed document, like ``backfill``."""
+    seeded = seed(tmp_path, simulator, count=3, network=(1,), low_confidence=())
+    # The daemon's verdict on the submitted backfill (its run would fail the document again).
+    monkeypatch.setattr(backfills, "wait_for_backfill", lambda *_a, **_kw: "COMPLETED_FAILED")
+
+    code, out = run_cli(capsys, "submit", str(seeded.inbox), "--batch", "b", "--wait", "--json")
+
+    assert (out["status"], out["failed_ids"], out["succeeded"]) == (
+        "COMPLETED_FAILED",
+        seeded.network,
+        2,
+    )
+    assert code == 1
