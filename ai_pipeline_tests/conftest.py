@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -212,3 +216,40 @@ def daemon(tmp_path: Path, dagster_home: Path) -> Iterator[object]:
 
     with running(DagsterProcess.daemon(tmp_path / "daemon.log"), dagster_home) as process:
         yield process
+
+
+def user_messages(instance: object, run_id: str) -> list[str]:
+    """The log lines our code wrote in a run (Dagster's own events left out)."""
+    return [r.user_message for r in instance.all_logs(run_id) if r.dagster_event is None]  # type: ignore[attr-defined]
+
+
+def kill_when(
+    script: str, args: list[str], window: Callable[[], bool], tmp_path: Path, *, settle: float = 0
+) -> None:
+    """Run ``script`` in a child process and SIGKILL it once ``window()`` is true.
+
+    The script monkeypatches one store method to stall, which holds the child inside the window
+    (after one durable write, before the next); everything else it runs is the real code.
+    """
+    path = tmp_path / "run_and_stall.py"
+    path.write_text(script)
+    proc = subprocess.Popen(
+        [sys.executable, str(path), *args],
+        env=os.environ.copy(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not window():
+            assert proc.poll() is None, "the run ended before it could be killed"
+            if time.monotonic() > deadline:
+                pytest.fail("the run never reached the window it should be killed in")
+            time.sleep(0.05)
+        time.sleep(settle)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

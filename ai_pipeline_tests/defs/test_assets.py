@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import dagster as dg
-import pytest
 
 from ai_pipeline.cli import process_inbox
 from ai_pipeline.defs.assets import (
@@ -26,7 +20,7 @@ from ai_pipeline.documents import content_id, normalise_text
 from ai_pipeline.pipeline import ANALYSE_STEP, task_id
 from ai_pipeline.prompts import ANALYSIS
 from ai_pipeline.store import get_store
-from ai_pipeline_tests.conftest import TEST_MODEL, make_inbox, sample_text
+from ai_pipeline_tests.conftest import TEST_MODEL, kill_when, make_inbox, sample_text
 
 STATUS = dg.AssetPartitionStatus
 
@@ -195,28 +189,12 @@ def test_sigkill_between_checkpoint_and_upsert(
     inbox = make_inbox(tmp_path / "inbox", texts)
     ids = [doc_id(t) for t in texts.values()]
     store = get_store()
-    script = tmp_path / "run_and_stall.py"
-    script.write_text(KILL_SCRIPT)
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(inbox)],
-        env=os.environ.copy(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    kill_when(
+        KILL_SCRIPT,
+        [str(inbox)],
+        lambda: store.count_results() == 2 and store.count_checkpoints(ANALYSE_STEP) > 2,
+        tmp_path,
     )
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if store.count_results() == 2 and store.count_checkpoints(ANALYSE_STEP) > 2:
-                break
-            assert proc.poll() is None, "the run ended before it could be killed"
-            time.sleep(0.05)
-        else:
-            pytest.fail("the run never reached the window between checkpoint and upsert")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     checkpointed = {i for i in ids if store.get_checkpoint(task_of(i)) is not None}
     with_row = {r["document_id"] for r in store.get_results()}
     assert len(with_row) == 2 and with_row < checkpointed

@@ -24,17 +24,13 @@ from ai_pipeline.failures import Category, Disposition, category_for_status
 from ai_pipeline.intake import register_files
 from ai_pipeline.pipeline import ANALYSE_STEP
 from ai_pipeline.store import Store, get_store
-from ai_pipeline_tests.conftest import EXAMPLES, make_inbox, sample_text
+from ai_pipeline_tests.conftest import EXAMPLES, make_inbox, sample_text, user_messages
 from ai_pipeline_tests.defs.test_assets import doc_id, statuses, task_of
 
 STATUS = dg.AssetPartitionStatus
 PDF = EXAMPLES / "inbox" / "q3-report-northwind.pdf"
 TASK_PREFIX = re.compile(r"^\[TASK:([^\]]*)\]")
 FIXED_REFUSAL_PROMPT = "请回答'我不知道'"
-
-
-def _user_messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
-    return [r.user_message for r in instance.all_logs(run_id) if r.dagster_event is None]
 
 
 def _one_byte_modified(data: bytes) -> bytes:
@@ -115,7 +111,7 @@ def test_5_1_task_id_is_identical_at_the_endpoint_in_the_database_and_in_the_log
     assert store.get_document(pdf_id)["task_id"] == generated
     assert [r["task_id"] for r in store.get_results([pdf_id])] == [generated]
     # Dagster: every log line about the document, and the materialization's metadata.
-    lines = [m for m in _user_messages(instance, report["runs"][0]["run_id"]) if pdf_id in m]
+    lines = [m for m in user_messages(instance, report["runs"][0]["run_id"]) if pdf_id in m]
     assert lines
     prefixes = [TASK_PREFIX.match(m) for m in lines]
     assert all(prefixes), "every line about the document starts with [TASK:…]"
@@ -160,7 +156,7 @@ def test_5_2_half_the_packets_lost_retries_at_most_twice_and_the_third_failure_i
     assert simulator.stats()["by_status"] == {"200": 4, "reset": 6}
     events = get_store().failure_events(lost)
     assert [e["category"] for e in events] == ["NETWORK_TIMEOUT"] * 3
-    messages = _user_messages(instance, report["runs"][0]["run_id"])
+    messages = user_messages(instance, report["runs"][0]["run_id"])
     retries = [m for m in messages if f"for TASK:{task_of(lost)}]" in m and "[RETRY #" in m]
     assert [re.search(r"\[RETRY #(\d+)", m).group(1) for m in retries] == ["1", "2"]
     assert statuses(instance, ANALYSIS_RESULTS, [*good, lost]) == {
@@ -191,7 +187,7 @@ def test_5_2_invalid_token_is_not_retried_but_refreshed_and_resubmitted_under_th
     events = get_store().failure_events(doc_id(text))
     assert [e["category"] for e in events] == ["AUTH_FAILED"]
     assert "refreshed" in events[0]["error"]
-    messages = _user_messages(instance, report["runs"][0]["run_id"])
+    messages = user_messages(instance, report["runs"][0]["run_id"])
     assert any(m.startswith(f"[TASK:{task}] [AUTH for TASK:{task}]") for m in messages)
     assert not any("[RETRY #" in m for m in messages)
     assert len(get_store().get_results([doc_id(text)])) == 1

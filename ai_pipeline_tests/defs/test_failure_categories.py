@@ -21,7 +21,7 @@ from ai_pipeline.cli import process_inbox
 from ai_pipeline.defs.assets import ANALYSIS_RESULTS, LLM_ANALYSIS
 from ai_pipeline.failures import Category
 from ai_pipeline.store import get_store
-from ai_pipeline_tests.conftest import TEST_API_KEY, make_inbox, sample_text
+from ai_pipeline_tests.conftest import TEST_API_KEY, make_inbox, sample_text, user_messages
 from ai_pipeline_tests.defs.test_assets import doc_id, statuses, task_of
 
 STATUS = dg.AssetPartitionStatus
@@ -45,10 +45,6 @@ def _run(tmp_path: Path) -> dict[str, Any]:
 
 def _by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {d["document_id"]: d for d in report["documents"]}
-
-
-def _user_messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
-    return [r.user_message for r in instance.all_logs(run_id) if r.dagster_event is None]
 
 
 def _row(row: str, fault: dict[str, Any], category: Category, requests: int) -> Any:
@@ -295,7 +291,7 @@ def test_failing_document_is_traceable_by_task_id_and_no_secret_leaks(
 
     run_id = report["runs"][0]["run_id"]
     records = instance.all_logs(run_id)
-    about_target = [m for m in _user_messages(instance, run_id) if target in m]
+    about_target = [m for m in user_messages(instance, run_id) if target in m]
     assert about_target and all(m.startswith(f"[TASK:{task}]") for m in about_target)
     assert any(f"[RETRY #1 for TASK:{task}]" in m for m in about_target)
     assert any(f"[RETRY #2 for TASK:{task}]" in m for m in about_target)

@@ -8,10 +8,6 @@ Network retries of a notice really sleep 1 s + 2 s, as in production.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -28,7 +24,7 @@ from ai_pipeline.pipeline import NOTIFY_STEP, task_id
 from ai_pipeline.prompts import ANALYSIS
 from ai_pipeline.receiver import ReceiverConfig, ReceiverServer
 from ai_pipeline.store import get_store
-from ai_pipeline_tests.conftest import TEST_MODEL, make_inbox, sample_text
+from ai_pipeline_tests.conftest import TEST_MODEL, kill_when, make_inbox, sample_text
 from ai_pipeline_tests.defs.test_assets import doc_id, statuses, task_of
 
 STATUS = dg.AssetPartitionStatus
@@ -230,30 +226,13 @@ def test_sigkill_between_post_and_checkpoint_is_a_409_on_resume(
     d = doc_id(text)
     key = notice_key(d)
     store = get_store()
-    script = tmp_path / "notify_and_stall.py"
-    script.write_text(KILL_SCRIPT)
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(inbox)],
-        env=os.environ.copy(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    kill_when(
+        KILL_SCRIPT,
+        [str(inbox)],
+        lambda: webhook_receiver.stats()["by_status"].get("201") == 1,
+        tmp_path,
+        settle=0.3,  # the 201 reaches the client, which then stalls in put_checkpoint
     )
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if webhook_receiver.stats()["by_status"].get("201") == 1:
-                break
-            assert proc.poll() is None, "the run ended before it could be killed"
-            time.sleep(0.05)
-        else:
-            pytest.fail("the run never POSTed its notice")
-        time.sleep(0.3)  # the 201 reaches the client, which then stalls in put_checkpoint
-        assert proc.poll() is None
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert webhook_receiver.accepted(key) == 1
     assert store.get_checkpoint(key) is None, "killed before the local checkpoint"
     assert store.get_document(d)["state"] == "RUNNING"  # type: ignore[index]

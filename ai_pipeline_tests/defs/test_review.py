@@ -21,7 +21,7 @@ from ai_pipeline.documents import normalise_text
 from ai_pipeline.pipeline import MANUAL_OVERRIDE_SUCCESS
 from ai_pipeline.receiver import ReceiverServer
 from ai_pipeline.store import get_store
-from ai_pipeline_tests.conftest import make_inbox, sample_text
+from ai_pipeline_tests.conftest import make_inbox, sample_text, user_messages
 from ai_pipeline_tests.defs.test_assets import doc_id, statuses, task_of
 from ai_pipeline_tests.defs.test_notifications import by_id, notice_key
 
@@ -46,10 +46,6 @@ def cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
 
 def events(document_id: str) -> list[str]:
     return [h["event"] for h in get_store().history(document_id)]
-
-
-def user_messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
-    return [r.user_message for r in instance.all_logs(run_id) if r.dagster_event is None]
 
 
 def test_input_quality_issue_listed_then_approved_under_the_original_task_id(
