@@ -30,7 +30,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ai_pipeline.failures import Category, ClassifiedError
@@ -104,12 +104,6 @@ class StageFailed:
 
 
 Event = StageDone | StageFailed
-
-
-@dataclass
-class BatchSummary:
-    completed: list[str] = field(default_factory=list)
-    failed: dict[str, StageFailed] = field(default_factory=dict)
 
 
 class TaskLog:

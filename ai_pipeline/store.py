@@ -183,8 +183,6 @@ batches = sa.Table(
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
 )
 
-RESULT_FIELDS = ("keywords", "summary", "sentiment", "entities", "confidence")
-
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
