@@ -390,16 +390,23 @@ def evaluate_nightly(instance: dg.DagsterInstance, night: datetime) -> Any:
     return nightly_retry_schedule(context)
 
 
-def test_nightly_schedule_backfills_retryable_failures_once_per_night(
+def seed_night(
     instance: dg.DagsterInstance, simulator: Any, tmp_path: Path
-) -> None:
-    """A night's tick backfills the retryable failures once (no dead letter); none: the report."""
+) -> tuple[Any, Any, str]:
+    """Three network failures, the last moved to the dead letter: (seeded, retryable, dead)."""
     seeded = seed(tmp_path, simulator, network=(1, 5, 6))
     assert_seeded(instance, seeded, simulator)
     simulator.set_faults([])
     dead = seeded.network[-1]
     get_store().transition(dead, State.DEAD_LETTER)
-    retryable = seeded.network[:-1]
+    return seeded, seeded.network[:-1], dead
+
+
+def test_nightly_schedule_backfills_retryable_failures_once_per_night(
+    instance: dg.DagsterInstance, simulator: Any, tmp_path: Path
+) -> None:
+    """A night's tick backfills the retryable failures once (no dead letter); none: the report."""
+    seeded, retryable, dead = seed_night(instance, simulator, tmp_path)
     night = datetime(2026, 3, 14, 2, 0, tzinfo=timezone.utc)
 
     first = evaluate_nightly(instance, night)
@@ -443,12 +450,7 @@ def test_nightly_tick_backfills_then_reports(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The daemon's nightly tick backfills the retryable failures, and the report follows it."""
-    seeded = seed(tmp_path, simulator, network=(1, 5, 6))
-    assert_seeded(instance, seeded, simulator)
-    simulator.set_faults([])
-    dead = seeded.network[-1]
-    get_store().transition(dead, State.DEAD_LETTER)
-    retryable = seeded.network[:-1]
+    seeded, retryable, dead = seed_night(instance, simulator, tmp_path)
     (low,) = seeded.low_confidence
     before = calls(simulator, seeded.ids)
     # Read when the daemon's code server imports the definitions: every minute is "the night".

@@ -228,14 +228,22 @@ def test_rate_limit_with_retry_after_is_waited_out_once(
     assert "waited 1 s" in events[0]["error"]
 
 
+def _keys(
+    simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, accepted: str, at_source: str
+) -> None:
+    """The endpoint accepts only ``accepted``; the key file (the refresh source) holds
+    ``at_source``; the configured key (the conftest's) is accepted by neither."""
+    simulator.set_api_keys({accepted})
+    key_file = tmp_path / "api-key"
+    key_file.write_text(at_source + "\n")
+    monkeypatch.setenv("AI_PIPELINE_API_KEY_FILE", str(key_file))
+
+
 def test_auth_failure_is_cured_by_one_credentials_refresh(
     instance: dg.DagsterInstance, simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A refused key is refreshed from the key file once and the same task is resubmitted."""
-    simulator.set_api_keys({"fresh-key"})
-    key_file = tmp_path / "api-key"
-    key_file.write_text("fresh-key\n")
-    monkeypatch.setenv("AI_PIPELINE_API_KEY_FILE", str(key_file))
+    _keys(simulator, tmp_path, monkeypatch, accepted="fresh-key", at_source="fresh-key")
     texts = _inbox(tmp_path)
 
     report = _run(tmp_path)
@@ -259,10 +267,13 @@ def test_auth_failure_with_no_valid_key_anywhere_fails_the_run_at_two_requests(
     instance: dg.DagsterInstance, simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With no valid key at the source either, every document fails AUTH_FAILED for ≤ 2 requests."""
-    simulator.set_api_keys({"the-only-valid-key"})
-    key_file = tmp_path / "api-key"
-    key_file.write_text("another-invalid-key\n")
-    monkeypatch.setenv("AI_PIPELINE_API_KEY_FILE", str(key_file))
+    _keys(
+        simulator,
+        tmp_path,
+        monkeypatch,
+        accepted="the-only-valid-key",
+        at_source="another-invalid-key",
+    )
     texts = _inbox(tmp_path)
 
     report = _run(tmp_path)
