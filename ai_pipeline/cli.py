@@ -149,7 +149,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ai_pipeline.simulator import SimulatorConfig, SimulatorServer
+    from ai_pipeline.rehearsal.faults import SimulatorConfig
+    from ai_pipeline.rehearsal.simulator import SimulatorServer
 
     inbox = Path(args.inbox)
     if not inbox.is_dir():
@@ -175,7 +176,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate_llm(args: argparse.Namespace) -> int:
-    from ai_pipeline.simulator import FaultRule, SimulatorConfig, serve
+    from ai_pipeline.rehearsal.faults import FaultRule, SimulatorConfig
+    from ai_pipeline.rehearsal.simulator import serve
 
     faults = []
     if args.faults:

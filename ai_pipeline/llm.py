@@ -1,17 +1,16 @@
 """The LLM client: analysis calls over the openai SDK, and what happens when one fails.
 
-The SDK's own retries are off (``max_retries=0``): this module decides, by the category of each
-failure (``ai_pipeline.failures``), and every retry reuses the same task id and ``Idempotency-Key``:
+The SDK's own retries are off (``max_retries=0``): every call goes through the one retry policy of
+``ai_pipeline.retry`` (network faults retried twice, a 429 waited out once a minute), and every
+retry reuses the same task id and ``Idempotency-Key``. What this client adds:
 
-- NETWORK_TIMEOUT (timeouts, resets, 5xx): at most ``MAX_NETWORK_RETRIES`` = 2 retries, after
-  ``min(1000·2^n, 5000)`` ms — 1 s, then 2 s — each logged ``[RETRY #n for TASK:<id>] <error>``;
-- RATE_LIMIT_EXCEEDED (429): wait ``Retry-After`` (seconds or an HTTP date; a default when absent),
-  at most once per task per rolling minute; a shared limiter (requests per minute, calls in flight)
-  keeps a run from causing 429s in the first place;
+- classification of every openai exception into a category (``classify``), and a description of it
+  without headers or keys (``describe``);
 - AUTH_FAILED (401/403): refresh the credentials once — re-read the key from its source — and
   resubmit; if that fails too the circuit opens and every other call of the run fails fast. Until a
   call has gone through, calls go one at a time, so bad credentials cost at most two requests;
-- everything else is final for this run.
+- a shared limiter (requests per minute, calls in flight) that keeps a run from causing 429s in the
+  first place.
 
 Only the document whose call failed waits; the others of the batch go on. Works with any
 OpenAI-compatible endpoint by ``base_url`` (OpenAI, Azure OpenAI, vLLM, Ollama, the simulator).
@@ -20,8 +19,6 @@ OpenAI-compatible endpoint by ``base_url`` (OpenAI, Azure OpenAI, vLLM, Ollama, 
 from __future__ import annotations
 
 import asyncio
-import email.utils
-import math
 import os
 import shlex
 import subprocess
@@ -30,24 +27,15 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
 
 import openai
 
 from ai_pipeline.failures import Category, ClassifiedError, category_for_status
 from ai_pipeline.prompts import ANALYSIS, Prompt
 from ai_pipeline.redaction import redact, register_secret
+from ai_pipeline.retry import AttemptFailure, Log, NullLog, Retrier, RetryHook, parse_retry_after
 
-MAX_NETWORK_RETRIES = 2
 MAX_NETWORK_PROBES = 3
-RATE_LIMIT_WINDOW_SECONDS = 60.0
-DEFAULT_RETRY_AFTER_SECONDS = 5.0
-MAX_RETRY_AFTER_SECONDS = 60.0
-
-
-def backoff_seconds(retry: int) -> float:
-    """Seconds to wait before network retry number ``retry`` (0-based): 1, 2, 4, … capped at 5."""
-    return min(1000 * 2**retry, 5000) / 1000
 
 
 @dataclass(frozen=True)
@@ -112,44 +100,15 @@ def describe(error: BaseException) -> str:
     return redact(text)[:500]
 
 
-def retry_after_seconds(error: BaseException, *, now: float | None = None) -> float | None:
-    """The wait a 429 asks for: ``retry-after-ms``, ``Retry-After`` in seconds or as an HTTP date."""
+def attempt_failure(error: BaseException) -> AttemptFailure:
+    """What one failed request of the SDK means to the retry policy: category, message, wait."""
     response = getattr(error, "response", None)
-    headers = getattr(response, "headers", None)
-    if headers is None:
-        return None
-    if (ms := headers.get("retry-after-ms")) is not None:
-        try:
-            if math.isfinite(float(ms)):
-                return max(float(ms) / 1000, 0.0)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = None
-    if seconds is not None:
-        return max(seconds, 0.0) if math.isfinite(seconds) else None
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(when.timestamp() - (now if now is not None else time.time()), 0.0)
-
-
-class Log(Protocol):
-    def info(self, msg: str) -> Any: ...
-    def warning(self, msg: str) -> Any: ...
-    def error(self, msg: str) -> Any: ...
-
-
-class _NullLog:
-    def info(self, msg: str) -> None: ...
-    def warning(self, msg: str) -> None: ...
-    def error(self, msg: str) -> None: ...
+    return AttemptFailure(
+        classify(error),
+        describe(error),
+        retry_after=parse_retry_after(getattr(response, "headers", None)),
+        cause=error,
+    )
 
 
 # --- credentials ---------------------------------------------------------------------------------
@@ -241,8 +200,6 @@ class RateLimiter:
 
 # --- the client ----------------------------------------------------------------------------------
 
-FailureHook = Callable[[str, Category, int, str], None]
-
 
 class LLMClient:
     """Async analysis calls against one OpenAI-compatible endpoint, for one run."""
@@ -259,17 +216,15 @@ class LLMClient:
         prompt: Prompt = ANALYSIS,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
-        on_failure: FailureHook | None = None,
+        on_failure: RetryHook | None = None,
     ):
         self.model = model
         self.prompt = prompt
         self.credentials = api_key if isinstance(api_key, Credentials) else Credentials(api_key)
-        self._sleep = sleep
-        self._clock = clock
         self.on_failure = on_failure
+        self._retrier = Retrier(sleep=sleep, clock=clock)
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._limiter = RateLimiter(requests_per_minute, clock=clock, sleep=sleep)
-        self._last_rate_wait: dict[str, float] = {}
         self._probe_lock = asyncio.Lock()
         self._proven = False
         self._probe_failures = 0
@@ -287,7 +242,7 @@ class LLMClient:
 
     async def analyse(self, task_id: str, text: str, *, log: Log | None = None) -> LLMReply:
         """One analysis under the retry policy; raises ClassifiedError when it cannot be had."""
-        log = log or _NullLog()
+        log = log or NullLog()
         self._fail_fast_if_open()
         if not self._proven:
             # Until one call has gone through, calls go one at a time: with bad credentials the
@@ -321,67 +276,44 @@ class LLMClient:
             )
 
     async def _with_policy(self, task_id: str, text: str, log: Log) -> LLMReply:
-        network_retries = 0
         refreshed = False
-        attempt = 0
-        while True:
-            attempt += 1
+        generation = self.credentials.generation
+
+        async def send() -> LLMReply:
+            nonlocal generation
             generation = self.credentials.generation
-            try:
-                return await self._send(task_id, text)
-            except Exception as e:
-                error = e
-            category, message = classify(error), describe(error)
-            if category == Category.NETWORK_TIMEOUT and network_retries < MAX_NETWORK_RETRIES:
-                delay = backoff_seconds(network_retries)
-                network_retries += 1
-                log.warning(f"[RETRY #{network_retries} for TASK:{task_id}] {message}")
-                self._report(task_id, category, attempt, f"{message}; retry in {delay:g} s")
-                await self._sleep(delay)
-                continue
-            if category == Category.RATE_LIMIT_EXCEEDED:
-                wait = self._rate_limit_wait(task_id, error)
-                if wait is not None:
-                    log.warning(f"[RATE LIMIT for TASK:{task_id}] {message}; waiting {wait:g} s")
-                    self._report(task_id, category, attempt, f"{message}; waited {wait:g} s")
-                    await self._sleep(wait)
-                    continue
-                message += "; already waited once within the minute, or asked to wait too long"
-            if category == Category.AUTH_FAILED:
-                if not refreshed:
-                    refreshed = True
-                    if await self.credentials.refresh(generation):
-                        self._client = self._client.with_options(api_key=self.credentials.key)
-                        log.warning(
-                            f"[AUTH for TASK:{task_id}] {message}; credentials refreshed, "
-                            "resubmitting under the same task id"
+            return await self._send(task_id, text)
+
+        async def recover(failure: AttemptFailure, attempt: int) -> AttemptFailure | None:
+            """After a 401/403: refresh the credentials once and resubmit, else open the circuit."""
+            nonlocal refreshed
+            if failure.category != Category.AUTH_FAILED:
+                return failure
+            if refreshed:
+                failure = failure.amended("; refused again after refreshing the credentials")
+            else:
+                refreshed = True
+                if await self.credentials.refresh(generation):
+                    self._client = self._client.with_options(api_key=self.credentials.key)
+                    log.warning(
+                        f"[AUTH for TASK:{task_id}] {failure.message}; credentials refreshed, "
+                        "resubmitting under the same task id"
+                    )
+                    if self.on_failure is not None:
+                        self.on_failure(
+                            task_id, failure.category, 1, f"{failure.message}; refreshed"
                         )
-                        self._report(task_id, category, attempt, f"{message}; refreshed")
-                        continue
-                    message += "; no fresh credentials at the source"
-                else:
-                    message += "; refused again after refreshing the credentials"
-                self._circuit = ClassifiedError(category, message)
-                log.error(f"[CIRCUIT for TASK:{task_id}] {message}: open, the run stops calling")
-            if category == Category.NETWORK_TIMEOUT:
-                message += f" (after {network_retries} retries)"
-            raise ClassifiedError(category, message) from error
+                    return None
+                failure = failure.amended("; no fresh credentials at the source")
+            self._circuit = ClassifiedError(failure.category, failure.message)
+            log.error(
+                f"[CIRCUIT for TASK:{task_id}] {failure.message}: open, the run stops calling"
+            )
+            return failure
 
-    def _rate_limit_wait(self, task_id: str, error: BaseException) -> float | None:
-        now = self._clock()
-        last = self._last_rate_wait.get(task_id)
-        if last is not None and now - last < RATE_LIMIT_WINDOW_SECONDS:
-            return None
-        wait = retry_after_seconds(error)
-        wait = DEFAULT_RETRY_AFTER_SECONDS if wait is None else wait
-        if wait > MAX_RETRY_AFTER_SECONDS:
-            return None
-        self._last_rate_wait[task_id] = now
-        return wait
-
-    def _report(self, task_id: str, category: Category, attempt: int, message: str) -> None:
-        if self.on_failure is not None:
-            self.on_failure(task_id, category, attempt, message)
+        return await self._retrier.call(
+            task_id, send, attempt_failure, log=log, on_retry=self.on_failure, recover=recover
+        )
 
     async def _send(self, task_id: str, text: str) -> LLMReply:
         await self._limiter.acquire()

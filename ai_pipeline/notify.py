@@ -7,29 +7,25 @@ outcome before anything else. What a receiver's answer means (seed 002 §3.4, §
 - 2xx: delivered, done;
 - 409: the receiver already has this key (an earlier attempt got through but its answer was lost):
   DUPLICATE_EXECUTION, treated as done;
-- 5xx, 408, timeouts and resets: the network rules — at most 2 retries (1 s, 2 s), same key;
-- 429: wait ``Retry-After`` once, then RATE_LIMIT_EXCEEDED;
+- 5xx, 408, timeouts and resets: the network rules of ``ai_pipeline.retry`` — at most 2 retries
+  (1 s, 2 s), same key;
+- 429: wait ``Retry-After`` once a minute (the same rule as the LLM's), then RATE_LIMIT_EXCEEDED;
 - any other 4xx: BUSINESS_REJECTED, a person decides; never retried.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from ai_pipeline.failures import Category, ClassifiedError, category_for_status
-from ai_pipeline.llm import (
-    DEFAULT_RETRY_AFTER_SECONDS,
-    MAX_NETWORK_RETRIES,
-    MAX_RETRY_AFTER_SECONDS,
-    Log,
-    backoff_seconds,
-)
+from ai_pipeline.failures import Category, category_for_status
 from ai_pipeline.redaction import redact
+from ai_pipeline.retry import AttemptFailure, Log, Retrier, parse_retry_after
 
 
 @dataclass(frozen=True)
@@ -44,6 +40,30 @@ class Delivery:
         return {"status": self.status, "duplicate": self.duplicate, "attempts": self.attempts}
 
 
+class _Refused(Exception):
+    """An answer that is not a delivery: its status, body and the wait it asks for."""
+
+    def __init__(self, response: httpx.Response):
+        super().__init__(f"HTTP {response.status_code}")
+        self.response = response
+
+
+def _attempt_failure(error: BaseException) -> AttemptFailure:
+    if isinstance(error, _Refused):
+        response = error.response
+        return AttemptFailure(
+            category_for_status(response.status_code, downstream=True),
+            redact(f"webhook HTTP {response.status_code}: {response.text[:300]}"),
+            retry_after=parse_retry_after(response.headers),
+            cause=error,
+        )
+    if isinstance(error, httpx.TransportError):
+        message = redact(f"webhook {type(error).__name__}: {error}")
+        return AttemptFailure(Category.NETWORK_TIMEOUT, message, cause=error)
+    message = redact(f"webhook {type(error).__name__}: {error}")[:500]
+    return AttemptFailure(Category.INTERNAL_ERROR, message, cause=error)
+
+
 class Notifier:
     """POSTs notices to one webhook URL."""
 
@@ -53,56 +73,32 @@ class Notifier:
         *,
         timeout_seconds: float = 10.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.url = url
-        self._sleep = sleep
+        self._retrier = Retrier(sleep=sleep, clock=clock)
         self._client = httpx.AsyncClient(timeout=timeout_seconds)
 
     async def send(self, task_id: str, notice: dict[str, Any], log: Log) -> Delivery:
         """Deliver one notice under the rules above; raises ClassifiedError when it cannot."""
-        network_retries = 0
-        waited = False
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                response = await self._client.post(
-                    self.url, json=notice, headers={"Idempotency-Key": task_id}
-                )
-            except httpx.TransportError as e:
-                category, message = Category.NETWORK_TIMEOUT, f"{type(e).__name__}: {e}"
-                retry_after = None
-            else:
-                if response.is_success:
-                    return Delivery(response.status_code, duplicate=False, attempts=attempt)
-                category = category_for_status(response.status_code, downstream=True)
-                if category == Category.DUPLICATE_EXECUTION:
-                    log.info("the receiver already has this notice (409): treated as done")
-                    return Delivery(response.status_code, duplicate=True, attempts=attempt)
-                message = f"HTTP {response.status_code}: {response.text[:300]}"
-                retry_after = _retry_after(response)
-            message = redact(f"webhook {message}")
-            if category == Category.NETWORK_TIMEOUT and network_retries < MAX_NETWORK_RETRIES:
-                delay = backoff_seconds(network_retries)
-                network_retries += 1
-                log.warning(f"[RETRY #{network_retries} for TASK:{task_id}] {message}")
-                await self._sleep(delay)
-                continue
-            if category == Category.RATE_LIMIT_EXCEEDED and not waited:
-                wait = DEFAULT_RETRY_AFTER_SECONDS if retry_after is None else retry_after
-                if wait <= MAX_RETRY_AFTER_SECONDS:
-                    waited = True
-                    log.warning(f"[RATE LIMIT for TASK:{task_id}] {message}; waiting {wait:g} s")
-                    await self._sleep(wait)
-                    continue
-            raise ClassifiedError(category, message)
+        attempts = 0
+
+        async def post() -> Delivery:
+            nonlocal attempts
+            attempts += 1
+            response = await self._client.post(
+                self.url, json=notice, headers={"Idempotency-Key": task_id}
+            )
+            if response.is_success:
+                return Delivery(response.status_code, duplicate=False, attempts=attempts)
+            if category_for_status(response.status_code, downstream=True) == (
+                Category.DUPLICATE_EXECUTION
+            ):
+                log.info("the receiver already has this notice (409): treated as done")
+                return Delivery(response.status_code, duplicate=True, attempts=attempts)
+            raise _Refused(response)
+
+        return await self._retrier.call(task_id, post, _attempt_failure, log=log)
 
     async def aclose(self) -> None:
         await self._client.aclose()
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    try:
-        return float(response.headers["retry-after"])
-    except (KeyError, ValueError):
-        return None

@@ -316,7 +316,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 
 def cmd_receive_webhooks(args: argparse.Namespace) -> int:
-    from ai_pipeline.receiver import ReceiverConfig, serve
+    from ai_pipeline.rehearsal.receiver import serve
+    from ai_pipeline.rehearsal.receiver_state import ReceiverConfig
 
     serve(ReceiverConfig(state_file=args.state_file), host=args.host, port=args.port)
     return EXIT_OK

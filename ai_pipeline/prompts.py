@@ -46,12 +46,3 @@ ANALYSIS = Prompt(
     ),
     user_template=f"{DOCUMENT_START}\n{{text}}\n{DOCUMENT_END}",
 )
-
-
-def extract_document(user_content: str) -> str:
-    """Return the document text from a user message built by a Prompt (or the whole message)."""
-    start = user_content.find(DOCUMENT_START)
-    end = user_content.rfind(DOCUMENT_END)
-    if start == -1 or end == -1 or end < start:
-        return user_content
-    return user_content[start + len(DOCUMENT_START) : end].strip("\n")

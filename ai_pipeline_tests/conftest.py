@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from ai_pipeline.simulator import SimulatorServer
+from ai_pipeline.rehearsal.simulator import SimulatorServer
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -186,7 +186,7 @@ def sample_text(i: int) -> str:
 @pytest.fixture
 def webhook_receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     """A fresh reference webhook receiver, with AI_PIPELINE_WEBHOOK_URL pointing at it."""
-    from ai_pipeline.receiver import ReceiverServer
+    from ai_pipeline.rehearsal.receiver import ReceiverServer
 
     with ReceiverServer() as server:
         monkeypatch.setenv("AI_PIPELINE_WEBHOOK_URL", server.url)

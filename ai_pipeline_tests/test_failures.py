@@ -4,7 +4,6 @@ and the requests-per-minute limiter (no network)."""
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import inspect
 from typing import Any
 
@@ -13,13 +12,7 @@ import openai
 import pytest
 
 from ai_pipeline.failures import RULES, Category, Disposition, Layer, category_for_status
-from ai_pipeline.llm import (
-    Credentials,
-    RateLimiter,
-    backoff_seconds,
-    classify,
-    retry_after_seconds,
-)
+from ai_pipeline.llm import Credentials, RateLimiter, classify
 from ai_pipeline.redaction import MASK, redact, register_secret
 
 C = Category
@@ -208,81 +201,6 @@ def test_taxonomy_row(category: Category) -> None:
     assert category.retryable is retryable
     assert category.rule.retryable is retryable
     assert category.needs_person is (category in NEEDS_PERSON)
-
-
-# --- backoff and Retry-After --------------------------------------------------------------------
-
-
-def test_backoff_seconds() -> None:
-    """Network backoff is min(1000·2^n, 5000) ms: 1, 2, 4, 5, 5 seconds."""
-    assert [backoff_seconds(n) for n in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
-
-
-class _Response:
-    def __init__(self, headers: Any) -> None:
-        self.headers = headers
-
-
-class FakeError(Exception):
-    """Something shaped like an SDK status error: ``.response.headers`` with ``.get``."""
-
-    def __init__(self, headers: Any) -> None:
-        super().__init__("429")
-        self.response = _Response(headers)
-
-
-NOW = 1_700_000_000.0
-
-
-@pytest.mark.parametrize(
-    ("headers", "expected"),
-    [
-        ({"retry-after": "1"}, 1.0),
-        ({"retry-after": "2.5"}, 2.5),
-        ({"retry-after": "0"}, 0.0),
-        ({"retry-after-ms": "1500"}, 1.5),
-        ({"retry-after-ms": "1500", "retry-after": "9"}, 1.5),
-        ({"retry-after-ms": "junk", "retry-after": "3"}, 3.0),
-        ({"retry-after": "soon"}, None),
-        ({"retry-after": ""}, None),
-        ({"retry-after": "Someday, 99 Foo 20xx"}, None),
-        ({}, None),
-        ({"content-type": "application/json"}, None),
-    ],
-)
-def test_retry_after_seconds(headers: dict[str, str], expected: float | None) -> None:
-    """Retry-After in seconds, retry-after-ms, garbage and absence give the expected wait."""
-    assert retry_after_seconds(FakeError(headers), now=NOW) == expected
-
-
-def test_retry_after_as_an_http_date() -> None:
-    """An HTTP date 30 s after ``now`` asks for a 30 s wait; a past date for none."""
-    future = email.utils.formatdate(NOW + 30, usegmt=True)
-    past = email.utils.formatdate(NOW - 30, usegmt=True)
-    assert retry_after_seconds(FakeError({"retry-after": future}), now=NOW) == pytest.approx(
-        30, abs=0.01
-    )
-    assert retry_after_seconds(FakeError({"retry-after": past}), now=NOW) == 0.0
-
-
-def test_retry_after_with_real_headers_is_case_insensitive() -> None:
-    """The SDK's (httpx2) headers are read whatever the case the server used."""
-    headers = httpx2.Headers({"Retry-After": "4"})
-    assert retry_after_seconds(FakeError(headers)) == 4.0
-    response = httpx2.Response(429, headers={"Retry-After-Ms": "250"}, request=REQUEST)
-    error = openai.RateLimitError("slow down", response=response, body=None)
-    assert retry_after_seconds(error) == 0.25
-
-
-def test_retry_after_without_a_response() -> None:
-    """An error with no response (a connection error) asks for no particular wait."""
-    assert retry_after_seconds(openai.APIConnectionError(request=REQUEST)) is None
-    assert retry_after_seconds(ValueError("x")) is None
-
-
-def test_retry_after_nan_is_garbage() -> None:
-    """A Retry-After of 'nan' is not a delay (RFC 9110: 1*DIGIT) and asks for no wait (None)."""
-    assert retry_after_seconds(FakeError({"retry-after": "nan"})) is None
 
 
 # --- redaction ----------------------------------------------------------------------------------

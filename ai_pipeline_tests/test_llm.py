@@ -16,13 +16,14 @@ import pytest
 
 from ai_pipeline.failures import Category, ClassifiedError
 from ai_pipeline.llm import (
-    DEFAULT_RETRY_AFTER_SECONDS,
     Credentials,
     LLMClient,
     LLMReply,
     describe,
 )
-from ai_pipeline.simulator import SimulatorConfig, SimulatorServer
+from ai_pipeline.rehearsal.faults import SimulatorConfig
+from ai_pipeline.rehearsal.simulator import SimulatorServer
+from ai_pipeline.retry import RetryPolicy
 from ai_pipeline_tests.conftest import TEST_API_KEY, TEST_MODEL, sample_text
 
 T = TypeVar("T")
@@ -305,13 +306,13 @@ def test_a_second_429_within_the_minute_is_rate_limit_exceeded(
 
 
 def test_a_429_without_retry_after_waits_the_default(simulator: SimulatorServer) -> None:
-    """A 429 without Retry-After waits DEFAULT_RETRY_AFTER_SECONDS and then succeeds."""
+    """A 429 without Retry-After waits the policy's default and then succeeds."""
     tid = task_id("429def")
     simulator.set_faults([{"kind": "status", "status": 429, "match": tid, "times": 1}])
     fake = FakeTime()
     assert_valid_reply(analyse_once(simulator, tid, fake))
     assert simulator.requests_for(tid) == 2
-    assert fake.sleeps == [DEFAULT_RETRY_AFTER_SECONDS]
+    assert fake.sleeps == [RetryPolicy().default_retry_after_seconds]
 
 
 def test_a_429_asking_for_an_hour_is_not_waited(simulator: SimulatorServer) -> None:

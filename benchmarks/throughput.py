@@ -265,8 +265,9 @@ def timed_pass(inbox: Path, simulator: Any) -> dict[str, Any]:
 
 
 def benchmark(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    from ai_pipeline.rehearsal.faults import SimulatorConfig
+    from ai_pipeline.rehearsal.simulator import SimulatorServer
     from ai_pipeline.settings import Settings
-    from ai_pipeline.simulator import SimulatorConfig, SimulatorServer
 
     n, latency, concurrency = args.documents, args.latency_ms, args.concurrency
     out: dict[str, Any] = {}

@@ -22,7 +22,8 @@ from ai_pipeline.cli import main, process_inbox
 from ai_pipeline.defs.assets import ANALYSIS_RESULTS, COMPLETION_NOTICE
 from ai_pipeline.pipeline import NOTIFY_STEP, task_id
 from ai_pipeline.prompts import ANALYSIS
-from ai_pipeline.receiver import ReceiverConfig, ReceiverServer
+from ai_pipeline.rehearsal.receiver import ReceiverServer
+from ai_pipeline.rehearsal.receiver_state import ReceiverConfig
 from ai_pipeline.store import get_store
 from ai_pipeline_tests.conftest import TEST_MODEL, kill_when, make_inbox, sample_text
 from ai_pipeline_tests.defs.test_assets import doc_id, statuses, task_of

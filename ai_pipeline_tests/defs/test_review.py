@@ -19,7 +19,7 @@ from ai_pipeline.cli import main, process_inbox
 from ai_pipeline.defs.assets import ANALYSIS_RESULTS, COMPLETION_NOTICE
 from ai_pipeline.documents import normalise_text
 from ai_pipeline.pipeline import MANUAL_OVERRIDE_SUCCESS
-from ai_pipeline.receiver import ReceiverServer
+from ai_pipeline.rehearsal.receiver import ReceiverServer
 from ai_pipeline.store import get_store
 from ai_pipeline_tests.conftest import make_inbox, sample_text, user_messages
 from ai_pipeline_tests.defs.test_assets import doc_id, statuses, task_of

@@ -14,13 +14,9 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from ai_pipeline.prompts import ANALYSIS
-from ai_pipeline.simulator import (
-    FaultRule,
-    SimulatorConfig,
-    SimulatorControl,
-    SimulatorServer,
-    analyse,
-)
+from ai_pipeline.rehearsal.analysis import analyse
+from ai_pipeline.rehearsal.faults import FaultRule, SimulatorConfig
+from ai_pipeline.rehearsal.simulator import SimulatorControl, SimulatorServer
 
 COMPLAINT = (
     "Dear Acme Logistics team,\n\n"
@@ -470,3 +466,16 @@ def test_simulator_control_drives_the_server_over_http(server: SimulatorServer) 
     assert control.stats()["total"] == 0
     with pytest.raises(ValueError, match="unknown fault kind"):
         control.set_faults([{"kind": "explode"}])
+
+
+def test_the_simulator_reads_the_markers_the_prompt_writes() -> None:
+    """The document markers the simulator looks for are the ones the analysis prompt writes."""
+    from ai_pipeline import prompts
+    from ai_pipeline.rehearsal import simulator
+
+    assert (simulator.DOCUMENT_START, simulator.DOCUMENT_END) == (
+        prompts.DOCUMENT_START,
+        prompts.DOCUMENT_END,
+    )
+    user = prompts.ANALYSIS.messages("Ana met Tomas in Lisbon.")[1]["content"]
+    assert simulator.extract_document(user) == "Ana met Tomas in Lisbon."

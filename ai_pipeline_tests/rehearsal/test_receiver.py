@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from ai_pipeline.receiver import ReceiverConfig, ReceiverControl, ReceiverServer
+from ai_pipeline.rehearsal.receiver import ReceiverControl, ReceiverServer
+from ai_pipeline.rehearsal.receiver_state import ReceiverConfig
 
 NOTICE = {"task_id": "t-1", "document": "doc-1", "state": "completed"}
 

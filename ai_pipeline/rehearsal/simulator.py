@@ -1,0 +1,416 @@
+"""An OpenAI-compatible LLM simulator: the HTTP app, and ways to run and drive it.
+
+What lives here:
+
+* :func:`create_app`, the Starlette app serving ``/v1/models``, ``/v1/chat/completions`` and the
+  control API under ``/_sim/`` (stats, reset, faults, api-keys); what it answers comes from
+  :mod:`.analysis`, which faults it injects from :mod:`.faults`;
+* :class:`SimulatorServer`, which runs the app with uvicorn in a background thread (tests, the
+  demo), :func:`serve`, which runs it in the foreground (the ``simulate-llm`` command), and
+  :class:`SimulatorControl`, which drives a simulator running in another process over HTTP.
+
+Only chat completions are counted in the stats: listing models is not an LLM call, and counting
+it would blur "how often was this task sent to the model", which is what the counts are for.
+The control API is unauthenticated on purpose: the simulator is a local rehearsal tool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ai_pipeline.rehearsal.analysis import analyse, dont_know_reply, estimate_tokens, is_chinese
+from ai_pipeline.rehearsal.faults import (
+    CONTENT_FAULTS,
+    FaultRule,
+    SimulatorConfig,
+    SimulatorState,
+)
+from ai_pipeline.rehearsal.serving import (
+    BackgroundServer,
+    ConnectionReset,
+    retry_after_header,
+    serve_foreground,
+)
+
+# The markers a prompt puts around the document (any server may look for them; this one does, to
+# analyse the document rather than the instructions). ``ai_pipeline.prompts`` writes them.
+DOCUMENT_START = "<<<DOCUMENT"
+DOCUMENT_END = "DOCUMENT>>>"
+HALLUCINATED_ENTITIES = ("Globex Corporation", "Dr. Nora Vance", "Initech Holdings", "Lars Vinter")
+
+
+def extract_document(user_content: str) -> str:
+    """The document text of a user message built with the markers (or the whole message)."""
+    start = user_content.find(DOCUMENT_START)
+    end = user_content.rfind(DOCUMENT_END)
+    if start == -1 or end == -1 or end < start:
+        return user_content
+    return user_content[start + len(DOCUMENT_START) : end].strip("\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP app
+# ---------------------------------------------------------------------------------------------
+
+
+def _error_body(message: str, type_: str, code: str | None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+
+
+_STATUS_ERRORS: dict[int, tuple[str, str | None, str]] = {
+    400: ("invalid_request_error", None, "The request was invalid."),
+    401: ("invalid_request_error", "invalid_api_key", "Incorrect API key provided."),
+    403: ("permission_error", "permission_denied", "You are not allowed to use this model."),
+    404: ("invalid_request_error", "model_not_found", "The model does not exist."),
+    409: ("invalid_request_error", "conflict", "The request conflicts with another request."),
+    422: ("invalid_request_error", "unprocessable_entity", "The request could not be processed."),
+    429: ("requests", "rate_limit_exceeded", "Rate limit reached for requests."),
+    500: ("server_error", None, "The server had an error while processing your request."),
+    502: ("server_error", "bad_gateway", "Bad gateway."),
+    503: ("server_error", "service_unavailable", "The engine is currently overloaded."),
+    504: ("server_error", "gateway_timeout", "The upstream server timed out."),
+}
+
+
+def _status_error(status: int, note: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    default_type = "server_error" if status >= 500 else "invalid_request_error"
+    type_, code, message = _STATUS_ERRORS.get(status, (default_type, None, "Request failed."))
+    return JSONResponse(
+        _error_body(f"{message} ({note})", type_, code), status_code=status, headers=headers
+    )
+
+
+def _message_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
+        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
+
+
+def _parse_chat_body(raw: bytes) -> tuple[str | None, list[dict[str, Any]], str | None]:
+    """(model, messages, error message) of a chat completion request body."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None, [], "The request body is not valid JSON."
+    if not isinstance(body, dict):
+        return None, [], "The request body must be a JSON object."
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        return None, [], "'messages' must be a list of message objects."
+    if body.get("stream"):
+        return None, [], "The simulator does not support stream=true."
+    model = body.get("model")
+    return (model if isinstance(model, str) and model else None), messages, None
+
+
+def _document_text(messages: list[dict[str, Any]]) -> str | None:
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return extract_document(_message_text(message.get("content")))
+    return None
+
+
+def _faulty_content(kind: str, analysis: dict[str, Any], text: str) -> str:
+    chinese = is_chinese(text)
+    if kind == "refuse":
+        return (
+            "抱歉，我无法回答这个问题。"
+            if chinese
+            else "I'm sorry, but I can't help with that request."
+        )
+    result = dict(analysis)
+    if kind == "missing_field":
+        result.pop("summary", None)
+    elif kind == "wrong_type":
+        result["confidence"] = "high"
+    elif kind == "low_confidence":
+        result["confidence"] = 0.42
+    elif kind == "hallucinate":
+        invented = [name for name in HALLUCINATED_ENTITIES if name not in text][:2]
+        result["entities"] = [*result["entities"], *invented]
+    content = json.dumps(result, ensure_ascii=False)
+    if kind == "invalid_json":
+        if chinese:
+            return f"好的！以下是分析结果：{content} 希望对你有帮助！"
+        return f"Sure! Here is the analysis: {content} Hope this helps!"
+    return content
+
+
+def create_app(config: SimulatorConfig) -> Starlette:
+    """The simulator's ASGI app; its :class:`SimulatorState` is ``app.state.simulator``."""
+    state = SimulatorState(config)
+
+    async def list_models(request: Request) -> Response:
+        if not state.is_authorized(request.headers.get("authorization")):
+            return _status_error(401, "the simulator does not accept this key")
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": config.model, "object": "model", "created": 0, "owned_by": "simulator"}
+                ],
+            }
+        )
+
+    async def retrieve_model(request: Request) -> Response:
+        if not state.is_authorized(request.headers.get("authorization")):
+            return _status_error(401, "the simulator does not accept this key")
+        model_id = request.path_params["model"]
+        return JSONResponse(
+            {"id": model_id, "object": "model", "created": 0, "owned_by": "simulator"}
+        )
+
+    async def chat_completions(request: Request) -> Response:
+        key = request.headers.get("idempotency-key", "")
+        authorized = state.is_authorized(request.headers.get("authorization"))
+        model, messages, error = _parse_chat_body(await request.body())
+        text = None if error else _document_text(messages)
+        if error is None and text is None:
+            error = "The request has no user message."
+        admission = state.admit(key, authorized, text)
+        record, rule = admission.record, admission.rule
+        note = f"simulated by fault rule #{admission.rule_index}"
+
+        async with state.capacity():
+            if config.latency_ms:
+                await asyncio.sleep(config.latency_ms / 1000)
+
+            if not authorized:
+                state.finish(record, 401)
+                return _status_error(401, "the simulator does not accept this key")
+            if error is not None or text is None:
+                state.finish(record, 400)
+                return JSONResponse(
+                    _error_body(error or "Bad request.", "invalid_request_error", None),
+                    status_code=400,
+                )
+            fault_header = {"x-simulator-fault": rule.kind} if rule else {}
+            if rule is not None and rule.kind == "status":
+                headers = dict(fault_header)
+                if rule.retry_after is not None:
+                    headers["retry-after"] = retry_after_header(rule.retry_after)
+                state.finish(record, rule.status)
+                return _status_error(rule.status, note, headers)
+            if rule is not None and rule.kind == "reset":
+                state.finish(record, None)
+                return ConnectionReset()
+            if rule is not None and rule.kind == "timeout":
+                await state.hang()
+
+            finish_reason, builtin_fault = "stop", None
+            refusal = dont_know_reply(text)
+            # A configured fault wins over the built-in refusal: it is what the user asked for.
+            if rule is not None and rule.kind in CONTENT_FAULTS:
+                content = _faulty_content(rule.kind, analyse(text), text)
+                if rule.kind == "truncate":
+                    content, finish_reason = content[: len(content) // 2], "length"
+            elif refusal is not None:
+                content, builtin_fault = refusal, "dont_know"
+            else:
+                content = json.dumps(analyse(text), ensure_ascii=False)
+            state.finish(record, 200, builtin_fault)
+            return _completion(model, messages, content, finish_reason, fault_header)
+
+    def _completion(
+        model: str | None,
+        messages: list[dict[str, Any]],
+        content: str,
+        finish_reason: str,
+        headers: dict[str, str],
+    ) -> JSONResponse:
+        prompt_tokens = sum(estimate_tokens(_message_text(m.get("content"))) for m in messages)
+        completion_tokens = estimate_tokens(content)
+        request_id = uuid.uuid4().hex
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-sim-{request_id}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model or config.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": content, "refusal": None},
+                        "logprobs": None,
+                        "finish_reason": finish_reason,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+            },
+            headers={"x-request-id": request_id, **headers},
+        )
+
+    async def get_stats(request: Request) -> Response:
+        return JSONResponse(state.stats())
+
+    async def post_reset(request: Request) -> Response:
+        state.reset()
+        return JSONResponse({"ok": True})
+
+    async def faults(request: Request) -> Response:
+        if request.method == "POST":
+            try:
+                body = await request.json()
+                rules = body["faults"] if isinstance(body, dict) else None
+                if not isinstance(rules, list):
+                    raise ValueError('expected {"faults": [rule, ...]}')
+                state.set_faults(rules)
+            except (ValueError, KeyError, ValidationError) as exc:
+                return JSONResponse(_error_body(str(exc), "invalid_request_error", None), 400)
+        return JSONResponse(state.faults())
+
+    async def api_keys(request: Request) -> Response:
+        if request.method == "POST":
+            try:
+                body = await request.json()
+            except ValueError as exc:
+                return JSONResponse(_error_body(str(exc), "invalid_request_error", None), 400)
+            keys = body.get("api_keys", ...) if isinstance(body, dict) else ...
+            if keys is None:
+                state.set_api_keys(None)
+            elif isinstance(keys, list) and all(isinstance(k, str) and k for k in keys):
+                state.set_api_keys(keys)
+            else:
+                message = 'expected {"api_keys": ["key", ...]} or {"api_keys": null}'
+                return JSONResponse(_error_body(message, "invalid_request_error", None), 400)
+        return JSONResponse(state.api_keys_summary())
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"ok": True, "model": config.model})
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 404
+        return JSONResponse(
+            _error_body(
+                f"{request.method} {request.url.path} is not served", "invalid_request_error", None
+            ),
+            status_code=status,
+        )
+
+    app = Starlette(
+        routes=[
+            Route("/v1/models", list_models, methods=["GET"]),
+            Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/_sim/stats", get_stats, methods=["GET"]),
+            Route("/_sim/reset", post_reset, methods=["POST"]),
+            Route("/_sim/faults", faults, methods=["GET", "POST"]),
+            Route("/_sim/api-keys", api_keys, methods=["GET", "POST"]),
+            Route("/_sim/health", health, methods=["GET"]),
+        ],
+        exception_handlers={404: not_found, 405: not_found},
+    )
+    app.state.simulator = state
+    return app
+
+
+# ---------------------------------------------------------------------------------------------
+# Running it
+# ---------------------------------------------------------------------------------------------
+
+
+class SimulatorServer(BackgroundServer):
+    """The simulator on a uvicorn server in a background thread (port 0 picks a free port)."""
+
+    name = "LLM simulator"
+
+    def __init__(
+        self, config: SimulatorConfig | None = None, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        self.config = config or SimulatorConfig()
+        app = create_app(self.config)
+        self.state: SimulatorState = app.state.simulator
+        # Hanging requests are released first, so that stopping takes no time.
+        super().__init__(app, host, port, on_shutdown=self.state.release_hangs)
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, e.g. ``http://127.0.0.1:PORT/v1``."""
+        return f"{self.root_url}/v1"
+
+    def stats(self) -> dict[str, Any]:
+        """The same document as ``GET /_sim/stats``."""
+        return self.state.stats()
+
+    def requests_for(self, key: str) -> int:
+        """How many chat requests carried this Idempotency-Key ("" for none)."""
+        return self.state.requests_for(key)
+
+    def reset(self) -> None:
+        self.state.reset()
+
+    def set_faults(self, faults: Iterable[FaultRule | dict[str, Any]]) -> None:
+        self.state.set_faults(faults)
+
+    def set_api_keys(self, keys: Iterable[str] | None) -> None:
+        self.state.set_api_keys(keys)
+
+
+def serve(config: SimulatorConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Run the simulator in the foreground until interrupted; prints its base URL first."""
+    app = create_app(config)
+    serve_foreground(
+        app,
+        host,
+        port,
+        banner=lambda url: (
+            f"LLM simulator: OpenAI base URL {url}/v1 (control API under {url}/_sim/)"
+        ),
+        on_shutdown=app.state.simulator.release_hangs,
+    )
+
+
+class SimulatorControl:
+    """Drive a simulator in another process over its ``/_sim/`` control API."""
+
+    def __init__(self, base_url: str, timeout: float = 10.0) -> None:
+        root = base_url.rstrip("/")
+        self.root_url = root.removesuffix("/v1")
+        self.timeout = timeout
+
+    def _call(self, method: str, path: str, payload: Any = None) -> Any:
+        with httpx.Client(timeout=self.timeout) as client:
+            response = client.request(method, f"{self.root_url}/_sim/{path}", json=payload)
+        if response.status_code == 400:
+            raise ValueError(response.json().get("error", {}).get("message", response.text))
+        response.raise_for_status()
+        return response.json()
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("GET", "stats")  # type: ignore[no-any-return]
+
+    def requests_for(self, key: str) -> int:
+        return int(self.stats()["by_key"].get(key, 0))
+
+    def reset(self) -> None:
+        self._call("POST", "reset")
+
+    def faults(self) -> dict[str, Any]:
+        return self._call("GET", "faults")  # type: ignore[no-any-return]
+
+    def set_faults(self, faults: Iterable[FaultRule | dict[str, Any]]) -> None:
+        # Validate here too, so a typo fails with the same ValueError as in-process.
+        rules = [FaultRule.coerce(rule).as_dict() for rule in faults]
+        self._call("POST", "faults", {"faults": rules})
+
+    def set_api_keys(self, keys: Iterable[str] | None) -> None:
+        self._call("POST", "api-keys", {"api_keys": None if keys is None else sorted(keys)})
