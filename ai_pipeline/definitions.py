@@ -2,25 +2,26 @@
 
 import dagster as dg
 
-from ai_pipeline.defs.assets import analyse_documents
-from ai_pipeline.defs.jobs import analysis_job
-from ai_pipeline.defs.report import (
-    failure_report,
-    nightly_report_sensor,
-    nightly_retry_schedule,
-    report_job,
-)
-from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsIOManager, ResultsStore
-from ai_pipeline.defs.sensors import inbox_sensor
+from ai_pipeline.defs.assets import analyse_documents, failure_report
+from ai_pipeline.defs.io_managers import ResultsIOManager
+from ai_pipeline.defs.jobs import analysis_job, report_job
+from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
+from ai_pipeline.defs.schedules import build_nightly_retry_schedule
+from ai_pipeline.defs.sensors import build_inbox_sensor, nightly_report_sensor
+from ai_pipeline.settings import Settings
+
+# The settings that shape definitions (a sensor's interval, a cron) are read when the location loads.
+at_load = Settings.load()
+results_store = ResultsStore()
 
 defs = dg.Definitions(
     assets=[analyse_documents, failure_report],
     jobs=[analysis_job, report_job],
-    sensors=[inbox_sensor, nightly_report_sensor],
-    schedules=[nightly_retry_schedule],
+    sensors=[build_inbox_sensor(at_load.sensor_interval_seconds), nightly_report_sensor],
+    schedules=[build_nightly_retry_schedule(at_load.nightly_cron, at_load.timezone)],
     resources={
-        "results_store": ResultsStore(),
-        "results_io_manager": ResultsIOManager(),
+        "results_store": results_store,
+        "results_io_manager": ResultsIOManager(results_store=results_store),
         "settings": PipelineSettings(),
         "llm": LLMResource(api_key=dg.EnvVar("OPENAI_API_KEY")),
     },

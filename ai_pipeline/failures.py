@@ -57,7 +57,6 @@ class Disposition(str, enum.Enum):
     REVIEW = "review"
     QUARANTINED = "quarantined"
     FAILED = "failed"
-    DEAD_LETTER = "dead_letter"
 
 
 class Category(str, enum.Enum):
@@ -134,11 +133,10 @@ RULES: dict[Category, Rule] = {
 class ClassifiedError(Exception):
     """A failure with its category; the message is safe to show (no secrets)."""
 
-    def __init__(self, category: Category, message: str, *, detail: str | None = None):
+    def __init__(self, category: Category, message: str):
         super().__init__(f"{category.value}: {message}")
         self.category = category
         self.message = message
-        self.detail = detail
 
 
 def category_for_status(status: int, *, downstream: bool = False) -> Category:

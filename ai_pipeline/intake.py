@@ -21,7 +21,6 @@ from ai_pipeline.store import Store
 class Registered:
     document_id: str
     source: str
-    new: bool
     rejected_reason: str | None = None
 
 
@@ -30,12 +29,11 @@ def register_files(store: Store, paths: Iterable[Path], *, max_bytes: int) -> li
     out = []
     for path in paths:
         doc = load(path, max_bytes=max_bytes)
-        new = store.register(doc)
+        store.documents.register(doc)
         out.append(
             Registered(
                 document_id=doc.document_id,
                 source=doc.source,
-                new=new,
                 rejected_reason=doc.reason if isinstance(doc, RejectedFile) else None,
             )
         )

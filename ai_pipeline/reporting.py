@@ -1,19 +1,66 @@
-"""The failure report: what happened to every document, by state, category and day, with cost.
+"""What the pipeline can say about its documents: the status report and the failure report.
 
-Built with pandas from the results (the rows the results IO manager loads) and the store's
-documents and failure events. ``build_report`` returns plain data; ``to_markdown`` and
-``chart_png`` render it for the Dagster UI, and ``ai-pipeline report`` prints the same data.
+- ``status_report``: every document (or some) with its state, category, attempts, error and
+  summary, and the counts by state and category (``ai-pipeline status``, and the outcome that
+  ``run``, ``demo`` and the ``--wait`` commands print).
+- ``build_report``: the failure report — counts by state and category, failures by day, success
+  rate, tokens and estimated cost — built with pandas from the results (the rows the results IO
+  manager loads) and the store's documents and failure events. ``to_markdown`` and ``chart_png``
+  render it for the Dagster UI; ``ai-pipeline report`` prints the same data.
+
+Both return plain data (JSON-ready dicts), so every way of showing them shows the same thing.
 """
 
 from __future__ import annotations
 
 import io
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
 
 from ai_pipeline.settings import Settings
+from ai_pipeline.states import State
 from ai_pipeline.store import Store
+
+
+def status_report(store: Store, document_ids: Sequence[str] | None = None) -> dict[str, Any]:
+    """Documents (all, or these) with their state and outcome, and the counts."""
+    docs = store.documents.rows(document_ids)
+    sources = store.documents.sources(document_ids)
+    results = {r.document_id: r for r in store.results.get(document_ids)}
+    rows = []
+    for d in docs:
+        result = results.get(d.document_id)
+        rows.append(
+            {
+                "document_id": d.document_id,
+                "source": d.source,
+                "sources": sources.get(d.document_id, [d.source]),
+                "state": d.state.value,
+                "category": d.category.value if d.category else None,
+                "attempts": d.attempts,
+                "error": d.last_error if d.state != State.COMPLETED else None,
+                "status_message": d.status_message,
+                "rejected_by_reviewer": d.rejected_by_reviewer,
+                "summary": result.summary if result else None,
+                "sentiment": result.sentiment if result else None,
+                "updated_at": d.updated_at.isoformat(),
+            }
+        )
+    by_state = Counter(r["state"] for r in rows)
+    by_category = Counter(
+        r["category"] for r in rows if r["category"] and r["state"] != State.COMPLETED.value
+    )
+    return {
+        "documents": rows,
+        "counts": {
+            "total": len(rows),
+            "by_state": dict(sorted(by_state.items())),
+            "by_category": dict(sorted(by_category.items())),
+        },
+    }
 
 
 def build_report(
@@ -21,10 +68,23 @@ def build_report(
 ) -> dict[str, Any]:
     """Counts by state and category, failures by day, success rate, tokens and estimated cost."""
     settings = settings or Settings.load()
-    docs = pd.DataFrame(store.get_documents())
-    events = pd.DataFrame(store.failure_events())
+    docs = pd.DataFrame(
+        [
+            {
+                "document_id": d.document_id,
+                "source": d.source,
+                "state": d.state.value,
+                "category": d.category.value if d.category else None,
+                "last_error": d.last_error,
+            }
+            for d in store.documents.rows()
+        ]
+    )
+    events = pd.DataFrame(
+        [{"at": e.at, "category": e.category.value} for e in store.events.failures()]
+    )
     if results is None:
-        results = pd.DataFrame(store.get_results())
+        results = pd.DataFrame([r.as_dict() for r in store.results.get()])
     total = len(docs)
     by_state = docs["state"].value_counts().sort_index().to_dict() if total else {}
     failed = docs[docs["state"] != "COMPLETED"] if total else docs

@@ -1,22 +1,28 @@
-"""Settings read from the environment, with their defaults, in one table.
+"""Settings read from the environment, with their defaults, in one table: the one place that
+reads the pipeline's environment variables.
 
 Read when a run, a sensor tick or a CLI command starts — never at import time — so a changed
-environment takes effect without reloading the code location. A value set in Dagster config on a
-resource wins over the environment. ``OPENAI_API_KEY`` is not here: it is a secret and goes to the
-LLM resource through ``dg.EnvVar`` only.
+environment takes effect without reloading the code location; the three that shape definitions
+(the sensor's interval, the nightly cron and its timezone) are read when the code location loads.
+A value set in Dagster config on a resource wins over the environment. ``OPENAI_API_KEY`` is not
+here: it is a secret and goes to the LLM resource through ``dg.EnvVar`` only.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from ai_pipeline.documents import DEFAULT_MAX_DOCUMENT_BYTES
+from ai_pipeline.errors import InputError
 from ai_pipeline.schema import DEFAULT_MIN_CONFIDENCE
 
+RESULTS_DATABASE_FILE = "ai_pipeline.sqlite"
 
-class SettingsError(ValueError):
+
+class SettingsError(InputError, ValueError):
     """A setting has a value that cannot be used; the message names the variable."""
 
 
@@ -79,13 +85,20 @@ SETTINGS: dict[str, Setting] = {
     "settle_seconds": Setting(
         "AI_PIPELINE_SETTLE_SECONDS", 1.0, "a file changed this recently may still be written"
     ),
+    "sensor_interval_seconds": Setting(
+        "AI_PIPELINE_SENSOR_INTERVAL", 30, "seconds between inbox sensor ticks (at load)"
+    ),
+    "nightly_cron": Setting(
+        "AI_PIPELINE_NIGHTLY_CRON", "0 2 * * *", "the nightly retry schedule (at load)"
+    ),
+    "timezone": Setting("AI_PIPELINE_TIMEZONE", "UTC", "the nightly schedule's timezone (at load)"),
 }
 
 
 @dataclass(frozen=True)
 class Settings:
     inbox: str | None
-    database_url: str | None
+    database_url: str
     base_url: str | None
     model: str
     llm_concurrency: int
@@ -101,6 +114,9 @@ class Settings:
     price_per_1k_prompt_tokens: float
     price_per_1k_completion_tokens: float
     settle_seconds: float
+    sensor_interval_seconds: int
+    nightly_cron: str
+    timezone: str
 
     @classmethod
     def load(cls, **overrides: Any) -> Settings:
@@ -113,6 +129,8 @@ class Settings:
                 raw = os.environ.get(setting.env)
                 value = setting.default if raw in (None, "") else _parse(setting, raw)
             values[f.name] = value
+        if values["database_url"] is None:
+            values["database_url"] = default_database_url()
         settings = cls(**values)
         settings.validate()
         return settings
@@ -134,6 +152,16 @@ class Settings:
             raise SettingsError(f"AI_PIPELINE_RETRY_BUDGET must be ≥ 1, not {self.retry_budget}")
         if self.llm_timeout_seconds <= 0:
             raise SettingsError("AI_PIPELINE_LLM_TIMEOUT must be > 0")
+        if self.sensor_interval_seconds < 1:
+            raise SettingsError(
+                f"AI_PIPELINE_SENSOR_INTERVAL must be ≥ 1, not {self.sensor_interval_seconds}"
+            )
+
+
+def default_database_url() -> str:
+    """The embedded default: a SQLite file beside the Dagster instance (``DAGSTER_HOME``)."""
+    home = os.environ.get("DAGSTER_HOME") or os.getcwd()
+    return f"sqlite:///{Path(home).resolve() / RESULTS_DATABASE_FILE}"
 
 
 def _parse(setting: Setting, raw: str) -> Any:

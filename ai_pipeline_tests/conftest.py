@@ -1,88 +1,42 @@
-"""Shared fixtures: a real simulator over HTTP, a temporary Dagster instance, and both backends.
+"""Fixtures: a real simulator over HTTP, a temporary Dagster instance, both backends, daemons.
 
 ``backend`` runs a test twice: on the embedded default (SQLite files under a temporary
 DAGSTER_HOME) and on PostgreSQL as both the Dagster instance storage and the results database,
 each test with databases of its own, created here and dropped afterwards. Without a reachable
-PostgreSQL the PostgreSQL variants are skipped locally and fail in CI (``CI`` set).
+PostgreSQL the PostgreSQL variants are skipped locally and fail in CI (``ai_pipeline_tests.postgres``).
+Helpers that test modules import are in ``ai_pipeline_tests.support``.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from ai_pipeline.rehearsal.simulator import SimulatorServer
-
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = REPO / "examples"
-PG_HOST = os.environ.get("AI_PIPELINE_TEST_PG_HOST", "127.0.0.1")
-PG_PORT = int(os.environ.get("AI_PIPELINE_TEST_PG_PORT", "5432"))
-PG_USER = os.environ.get("AI_PIPELINE_TEST_PG_USER", "postgres")
-PG_ADMIN_URL = f"postgresql+psycopg2://{PG_USER}@{PG_HOST}:{PG_PORT}/postgres"
-TEST_API_KEY = "sk-test-0123456789abcdef"
-TEST_MODEL = "sim-analyst-1"
-
-
-def _pg_available() -> str | None:
-    try:
-        engine = sa.create_engine(PG_ADMIN_URL, connect_args={"connect_timeout": 3})
-        with engine.connect() as conn:
-            conn.execute(sa.text("select 1"))
-        engine.dispose()
-        return None
-    except Exception as e:  # any reason the server cannot be used
-        return f"PostgreSQL at {PG_HOST}:{PG_PORT} is not reachable: {e.__class__.__name__}"
-
-
-class PostgresDatabases:
-    """Creates databases for one test and drops them (with any open connections) at the end."""
-
-    def __init__(self) -> None:
-        self.engine = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-        self.created: list[str] = []
-
-    def create(self, purpose: str) -> str:
-        name = f"aip_{purpose}_{uuid.uuid4().hex[:10]}"
-        with self.engine.connect() as conn:
-            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-        self.created.append(name)
-        return name
-
-    def url(self, name: str) -> str:
-        return f"postgresql://{PG_USER}@{PG_HOST}:{PG_PORT}/{name}"
-
-    def drop_all(self) -> None:
-        from ai_pipeline.store import dispose_stores
-
-        dispose_stores()
-        with self.engine.connect() as conn:
-            for name in self.created:
-                conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        self.engine.dispose()
+from ai_pipeline_tests.postgres import (
+    PG_HOST,
+    PG_PORT,
+    PG_USER,
+    PostgresDatabases,
+    skip_or_fail,
+    unavailable_reason,
+)
+from ai_pipeline_tests.support import REPO, TEST_API_KEY, TEST_MODEL
 
 
 @pytest.fixture(scope="session")
 def pg_skip_reason() -> str | None:
-    return _pg_available()
+    return unavailable_reason()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def backend(request: pytest.FixtureRequest, pg_skip_reason: str | None) -> str:
     if request.param == "postgres" and pg_skip_reason:
-        if os.environ.get("CI"):
-            pytest.fail(pg_skip_reason)
-        pytest.skip(pg_skip_reason)
-    return request.param
+        skip_or_fail(pg_skip_reason)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -90,6 +44,18 @@ def postgres_databases() -> Iterator[PostgresDatabases]:
     dbs = PostgresDatabases()
     yield dbs
     dbs.drop_all()
+
+
+@pytest.fixture(scope="session")
+def pg_test_database_url(pg_skip_reason: str | None) -> Iterator[str]:
+    """A PostgreSQL database that lives for the whole test session (the store's unit tests)."""
+    if pg_skip_reason:
+        skip_or_fail(pg_skip_reason)
+    dbs = PostgresDatabases()
+    try:
+        yield dbs.url(dbs.create("test"))
+    finally:
+        dbs.drop_all()
 
 
 def write_instance_yaml(home: Path, backend: str, dbs: PostgresDatabases | None) -> None:
@@ -162,27 +128,6 @@ def simulator(
     simulator_server.set_faults([])
 
 
-def make_inbox(folder: Path, files: dict[str, str | bytes]) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, content in files.items():
-        path = folder / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
-            path.write_bytes(content)
-        else:
-            path.write_text(content, encoding="utf-8")
-    return folder
-
-
-def sample_text(i: int) -> str:
-    """A small, distinct, valid English document that the simulator analyses cleanly."""
-    return (
-        f"Order {i} for Harbor Supplies was delivered to Lisbon on time. "
-        f"Customer Ana Ribeiro praised the excellent packaging of shipment {i}. "
-        "The team resolved every question quickly."
-    )
-
-
 @pytest.fixture
 def webhook_receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     """A fresh reference webhook receiver, with AI_PIPELINE_WEBHOOK_URL pointing at it."""
@@ -193,7 +138,7 @@ def webhook_receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
         yield server
 
 
-# --- real Dagster processes (ai_pipeline_tests/dagster_procs.py) ----------------------------------
+# --- real Dagster processes (ai_pipeline_tests/dagster_procs.py) ---------------------------------
 
 
 @pytest.fixture
@@ -216,40 +161,3 @@ def daemon(tmp_path: Path, dagster_home: Path) -> Iterator[object]:
 
     with running(DagsterProcess.daemon(tmp_path / "daemon.log"), dagster_home) as process:
         yield process
-
-
-def user_messages(instance: object, run_id: str) -> list[str]:
-    """The log lines our code wrote in a run (Dagster's own events left out)."""
-    return [r.user_message for r in instance.all_logs(run_id) if r.dagster_event is None]  # type: ignore[attr-defined]
-
-
-def kill_when(
-    script: str, args: list[str], window: Callable[[], bool], tmp_path: Path, *, settle: float = 0
-) -> None:
-    """Run ``script`` in a child process and SIGKILL it once ``window()`` is true.
-
-    The script monkeypatches one store method to stall, which holds the child inside the window
-    (after one durable write, before the next); everything else it runs is the real code.
-    """
-    path = tmp_path / "run_and_stall.py"
-    path.write_text(script)
-    proc = subprocess.Popen(
-        [sys.executable, str(path), *args],
-        env=os.environ.copy(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not window():
-            assert proc.poll() is None, "the run ended before it could be killed"
-            if time.monotonic() > deadline:
-                pytest.fail("the run never reached the window it should be killed in")
-            time.sleep(0.05)
-        time.sleep(settle)
-        assert proc.poll() is None, "the run ended before it could be killed"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ai_pipeline_tests.conftest import REPO
+from ai_pipeline_tests.support import REPO
 
 HOST = "127.0.0.1"
 WORKSPACE = REPO / "workspace.yaml"

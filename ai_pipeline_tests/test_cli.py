@@ -10,10 +10,25 @@ from pathlib import Path
 
 import pytest
 
-from ai_pipeline.store import get_store
-from ai_pipeline_tests.conftest import EXAMPLES, REPO, make_inbox, sample_text
+from ai_pipeline.cli import build_parser
+from ai_pipeline_tests.support import EXAMPLES, REPO, make_inbox, results_store, sample_text
 
-COMMANDS = ["demo", "run", "status", "simulate-llm"]
+COMMANDS = [
+    "demo",
+    "run",
+    "status",
+    "backfill",
+    "requeue",
+    "review",
+    "review list",
+    "review approve",
+    "review reject",
+    "submit",
+    "batch",
+    "report",
+    "simulate-llm",
+    "receive-webhooks",
+]
 
 
 def cli(
@@ -32,9 +47,16 @@ def cli(
 @pytest.mark.parametrize("command", [None, *COMMANDS])
 def test_help(command: str | None) -> None:
     """Every command answers --help with a usage line and exit code 0."""
-    result = cli(*([command] if command else []), "--help")
+    result = cli(*(command.split() if command else []), "--help")
     assert result.returncode == 0, result.stderr
     assert "usage: ai-pipeline" in result.stdout
+
+
+def test_every_command_is_in_the_help_test() -> None:
+    """The --help test covers every command the parser has (a new command is not forgotten)."""
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    assert set(sub.choices) == {c.split()[0] for c in COMMANDS}  # type: ignore[union-attr]
 
 
 def test_demo_twice(dagster_home: Path) -> None:
@@ -45,14 +67,14 @@ def test_demo_twice(dagster_home: Path) -> None:
     report = json.loads(first.stdout)
     assert report["counts"]["by_state"] == {"COMPLETED": len(samples)}
     assert report["llm_requests"] == len(samples)
-    assert get_store().count_results() == len(samples)
+    assert results_store().results.count() == len(samples)
 
     second = cli("demo", "--json")
     assert second.returncode == 0, second.stderr[-3000:]
     again = json.loads(second.stdout)
     assert again["llm_requests"] == 0
     assert again["counts"]["by_state"] == {"COMPLETED": len(samples)}
-    assert get_store().count_results() == len(samples)
+    assert results_store().results.count() == len(samples)
 
 
 def test_run_reports_failures_with_exit_code_1(
@@ -123,7 +145,7 @@ def test_api_key_never_in_output_or_metadata(
     dagster_home: Path, simulator, tmp_path: Path, instance
 ) -> None:
     """The API key appears in no CLI output, run tag, run config or event of the run."""
-    from ai_pipeline_tests.conftest import TEST_API_KEY
+    from ai_pipeline_tests.support import TEST_API_KEY
 
     inbox = make_inbox(tmp_path / "inbox", {"a.txt": sample_text(1), "empty.txt": b""})
     result = cli("run", "--inbox", str(inbox), "--json", "--verbose")

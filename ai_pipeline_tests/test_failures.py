@@ -14,6 +14,7 @@ import pytest
 from ai_pipeline.failures import RULES, Category, Disposition, Layer, category_for_status
 from ai_pipeline.llm import Credentials, RateLimiter, classify
 from ai_pipeline.redaction import MASK, redact, register_secret
+from ai_pipeline_tests.support import FakeTime
 
 C = Category
 REQUEST = httpx2.Request("POST", "https://llm.invalid/v1/chat/completions")
@@ -347,24 +348,9 @@ def test_a_stale_generation_does_not_read_the_source_again(
 # --- the requests-per-minute limiter ------------------------------------------------------------
 
 
-class FakeTime:
-    """A clock that only moves when the code under test sleeps."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-        self.sleeps: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
 def test_rate_limiter_waits_until_the_oldest_request_is_a_minute_old() -> None:
     """With 3 per minute, the 4th acquire sleeps until the first one is 60 s old."""
-    fake = FakeTime()
+    fake = FakeTime(start=1000.0)
     limiter = RateLimiter(3, clock=fake.clock, sleep=fake.sleep)
 
     async def run() -> None:
@@ -386,7 +372,7 @@ def test_rate_limiter_waits_until_the_oldest_request_is_a_minute_old() -> None:
 
 def test_rate_limiter_without_a_limit_never_waits() -> None:
     """per_minute None means no limit: a hundred acquires, no sleep."""
-    fake = FakeTime()
+    fake = FakeTime(start=1000.0)
     limiter = RateLimiter(None, clock=fake.clock, sleep=fake.sleep)
 
     async def run() -> None:

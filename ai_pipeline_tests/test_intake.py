@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ai_pipeline.documents import DEFAULT_MAX_DOCUMENT_BYTES, list_files, read_document
+from ai_pipeline.documents import DEFAULT_MAX_DOCUMENT_BYTES, read_document
+from ai_pipeline.inbox import list_files
 from ai_pipeline.intake import (
     Registered,
     batch_key,
@@ -17,10 +18,10 @@ from ai_pipeline.intake import (
     unique_in_order,
 )
 from ai_pipeline.store import Store
+from ai_pipeline_tests.support import EXAMPLES
 
-REPO = Path(__file__).resolve().parents[1]
-INBOX = REPO / "examples" / "inbox"
-BAD = REPO / "examples" / "bad"
+INBOX = EXAMPLES / "inbox"
+BAD = EXAMPLES / "bad"
 COPY = BAD / "copy-of-support-ticket-refund-delay.txt"
 ORIGINAL = INBOX / "support-ticket-refund-delay.txt"
 
@@ -30,7 +31,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
     """A Store on a new temporary SQLite file."""
     s = Store(f"sqlite:///{tmp_path / 'intake.sqlite'}")
     yield s
-    s.engine.dispose()
+    s.db.dispose()
 
 
 def _register_examples(store: Store) -> list[Registered]:
@@ -42,10 +43,10 @@ def test_register_examples_counts_new_duplicate_and_rejected(store: Store) -> No
     """The 16 inbox files are new; of the 5 bad files 4 are rejected (new) and 1 is a duplicate."""
     registered = _register_examples(store)
     assert len(registered) == 21
-    new = [r for r in registered if r.new]
-    duplicates = [r for r in registered if not r.new]
+    first_seen = {r.document_id: r for r in reversed(registered)}
+    duplicates = [r for r in registered if first_seen[r.document_id] is not r]
     rejected = [r for r in registered if r.rejected_reason]
-    assert (len(new), len(duplicates), len(rejected)) == (20, 1, 4)
+    assert (len(first_seen), len(duplicates), len(rejected)) == (20, 1, 4)
     assert [r.source for r in duplicates] == [str(COPY)]
     assert {Path(r.source).name for r in rejected} == {
         "empty.txt",
@@ -53,8 +54,8 @@ def test_register_examples_counts_new_duplicate_and_rejected(store: Store) -> No
         "spreadsheet.xlsx",
         "scanned-no-text.pdf",
     }
-    assert all(r.new for r in rejected)
-    assert len(store.get_documents()) == 20
+    assert all(first_seen[r.document_id] is r for r in rejected)
+    assert len(store.documents.rows()) == 20
 
 
 def test_registered_records_carry_id_source_and_reason(store: Store) -> None:
@@ -68,24 +69,23 @@ def test_registered_records_carry_id_source_and_reason(store: Store) -> None:
     original = registered[ORIGINAL.name]
     assert original.document_id == read_document(ORIGINAL).document_id
     assert registered[COPY.name].document_id == original.document_id
-    row = store.get_document(registered["empty.txt"].document_id)
-    assert row is not None and row["rejected_reason"] == "the file is empty"
+    row = store.documents.get(registered["empty.txt"].document_id)
+    assert row is not None and row.rejected_reason == "the file is empty"
 
 
 def test_duplicate_is_recorded_as_an_alias(store: Store) -> None:
     """The copy in examples/bad is an alias of the inbox original."""
     registered = _register_examples(store)
     original_id = next(r.document_id for r in registered if r.source == str(ORIGINAL))
-    assert store.sources([original_id]) == {original_id: [str(ORIGINAL), str(COPY)]}
+    assert store.documents.sources([original_id]) == {original_id: [str(ORIGINAL), str(COPY)]}
 
 
 def test_registering_again_finds_nothing_new(store: Store) -> None:
     """A second registration of the same files reports every one as already known."""
     first = _register_examples(store)
     second = _register_examples(store)
-    assert not any(r.new for r in second)
     assert [r.document_id for r in second] == [r.document_id for r in first]
-    assert len(store.get_documents()) == 20
+    assert len(store.documents.rows()) == 20
 
 
 def test_oversize_file_is_rejected_not_raised(store: Store) -> None:
@@ -96,7 +96,7 @@ def test_oversize_file_is_rejected_not_raised(store: Store) -> None:
     assert registered[0].rejected_reason is not None
     assert registered[0].rejected_reason.startswith("too large")
     assert registered[1].rejected_reason is None
-    assert [r.new for r in registered] == [True, True]
+    assert len(store.documents.rows()) == 2
 
 
 def test_unique_in_order_keeps_the_first_occurrence() -> None:

@@ -24,49 +24,16 @@ from ai_pipeline.llm import (
 from ai_pipeline.rehearsal.faults import SimulatorConfig
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.retry import RetryPolicy
-from ai_pipeline_tests.conftest import TEST_API_KEY, TEST_MODEL, sample_text
+from ai_pipeline_tests.support import (
+    TEST_API_KEY,
+    TEST_MODEL,
+    FakeTime,
+    RecordingLog,
+    sample_text,
+)
 
 T = TypeVar("T")
 KEY_ENV = "AIP_TEST_LLM_KEY"
-
-
-class FakeTime:
-    """A clock that moves only when the client sleeps; every sleep is recorded, none is real.
-
-    ``extra`` is added to the clock on each sleep, to make a wait outlast the rolling minute.
-    """
-
-    def __init__(self, extra: float = 0.0) -> None:
-        self.now = 10_000.0
-        self.extra = extra
-        self.sleeps: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds + self.extra
-
-
-class RecordingLog:
-    def __init__(self) -> None:
-        self.infos: list[str] = []
-        self.warnings: list[str] = []
-        self.errors: list[str] = []
-
-    def info(self, msg: str) -> None:
-        self.infos.append(msg)
-
-    def warning(self, msg: str) -> None:
-        self.warnings.append(msg)
-
-    def error(self, msg: str) -> None:
-        self.errors.append(msg)
-
-    @property
-    def lines(self) -> list[str]:
-        return [*self.infos, *self.warnings, *self.errors]
 
 
 class Failures:

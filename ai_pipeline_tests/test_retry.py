@@ -15,34 +15,10 @@ from ai_pipeline.failures import Category, ClassifiedError
 from ai_pipeline.llm import attempt_failure
 from ai_pipeline.notify import Notifier
 from ai_pipeline.retry import AttemptFailure, Retrier, RetryPolicy, parse_retry_after
+from ai_pipeline_tests.support import FakeTime, RecordingLog
 
 NOW = 1_700_000_000.0
 REQUEST = httpx2.Request("POST", "https://llm.invalid/v1/chat/completions")
-
-
-class Clock:
-    """A fake clock and sleep: sleeping advances the clock and is recorded."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
-class Lines:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def info(self, msg: str) -> None:
-        self.lines.append(msg)
-
-    warning = error = info
 
 
 def test_backoff_is_seed_002s() -> None:
@@ -120,13 +96,13 @@ def _run(retrier: Retrier, send: Callable[[], object], **kwargs: object) -> obje
 
 def test_network_faults_are_retried_twice_then_final() -> None:
     """A persistent network fault costs three attempts, 1 s and 2 s apart, then fails NETWORK."""
-    clock, log = Clock(), Lines()
+    clock, log = FakeTime(start=0.0), RecordingLog()
     retried: list[tuple[str, Category, int]] = []
     net = AttemptFailure(Category.NETWORK_TIMEOUT, "HTTP 503")
     send, calls = _failing([net, net, net])
     with pytest.raises(ClassifiedError) as info:
         _run(
-            Retrier(sleep=clock.sleep, clock=clock),
+            Retrier(sleep=clock.sleep, clock=clock.clock),
             send,
             log=log,
             on_retry=lambda t, c, a, m: retried.append((t, c, a)),
@@ -135,14 +111,14 @@ def test_network_faults_are_retried_twice_then_final() -> None:
     assert clock.sleeps == [1.0, 2.0]
     assert info.value.category == Category.NETWORK_TIMEOUT
     assert info.value.message == "HTTP 503 (after 2 retries)"
-    assert log.lines == ["[RETRY #1 for TASK:t1] HTTP 503", "[RETRY #2 for TASK:t1] HTTP 503"]
+    assert log.warnings == ["[RETRY #1 for TASK:t1] HTTP 503", "[RETRY #2 for TASK:t1] HTTP 503"]
     assert retried == [("t1", Category.NETWORK_TIMEOUT, 1), ("t1", Category.NETWORK_TIMEOUT, 2)]
 
 
 def test_a_rate_limit_is_waited_once_per_task_per_minute() -> None:
     """One 429 is waited out (its Retry-After, else 5 s); a second within the minute is final."""
-    clock = Clock()
-    retrier = Retrier(sleep=clock.sleep, clock=clock)
+    clock = FakeTime(start=0.0)
+    retrier = Retrier(sleep=clock.sleep, clock=clock.clock)
     limited = AttemptFailure(Category.RATE_LIMIT_EXCEEDED, "HTTP 429", retry_after=3.0)
     send, calls = _failing([limited])
     assert _run(retrier, send) == "ok"
@@ -160,20 +136,20 @@ def test_a_rate_limit_is_waited_once_per_task_per_minute() -> None:
 
 def test_a_rate_limit_asking_too_long_is_not_waited() -> None:
     """A Retry-After beyond the policy's maximum (60 s) is final at once, without sleeping."""
-    clock = Clock()
+    clock = FakeTime(start=0.0)
     send, calls = _failing([AttemptFailure(Category.RATE_LIMIT_EXCEEDED, "429", retry_after=3600)])
     with pytest.raises(ClassifiedError):
-        _run(Retrier(sleep=clock.sleep, clock=clock), send)
+        _run(Retrier(sleep=clock.sleep, clock=clock.clock), send)
     assert (calls[0], clock.sleeps) == (1, [])
 
 
 def test_other_failures_are_final_unless_recovered() -> None:
     """A 400 is final at once; the recover hook may send again (once here), then it is final."""
-    clock = Clock()
+    clock = FakeTime(start=0.0)
     bad = AttemptFailure(Category.INPUT_QUALITY_ISSUE, "HTTP 400")
     send, calls = _failing([bad])
     with pytest.raises(ClassifiedError):
-        _run(Retrier(sleep=clock.sleep, clock=clock), send)
+        _run(Retrier(sleep=clock.sleep, clock=clock.clock), send)
     assert calls[0] == 1
 
     seen: list[int] = []
@@ -185,14 +161,14 @@ def test_other_failures_are_final_unless_recovered() -> None:
     auth = AttemptFailure(Category.AUTH_FAILED, "HTTP 401")
     send, calls = _failing([auth, auth])
     with pytest.raises(ClassifiedError) as info:
-        _run(Retrier(sleep=clock.sleep, clock=clock), send, recover=recover)
+        _run(Retrier(sleep=clock.sleep, clock=clock.clock), send, recover=recover)
     assert (calls[0], seen, info.value.message) == (2, [1, 2], "HTTP 401; refused again")
     assert clock.sleeps == []
 
 
 def test_the_webhook_honours_an_http_date_retry_after() -> None:
     """The notifier parses Retry-After like the LLM client: an HTTP date is waited out once."""
-    clock = Clock()
+    clock = FakeTime(start=0.0)
     answers = [
         httpx.Response(429, headers={"Retry-After": email.utils.formatdate(usegmt=True)}),
         httpx.Response(201, json={"status": "accepted"}),
@@ -204,10 +180,10 @@ def test_the_webhook_honours_an_http_date_retry_after() -> None:
         return answers.pop(0)
 
     async def deliver() -> object:
-        notifier = Notifier("http://receiver.invalid/notices", sleep=clock.sleep, clock=clock)
+        notifier = Notifier("http://receiver.invalid/notices", sleep=clock.sleep, clock=clock.clock)
         notifier._client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
         try:
-            return await notifier.send("doc-notify-v1", {"document_id": "doc"}, Lines())
+            return await notifier.send("doc-notify-v1", {"document_id": "doc"}, RecordingLog())
         finally:
             await notifier.aclose()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ai_pipeline.documents import DEFAULT_MAX_DOCUMENT_BYTES
@@ -16,12 +18,13 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(setting.env, raising=False)
 
 
-def test_defaults_without_environment() -> None:
+def test_defaults_without_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """With nothing set, every setting has its documented default."""
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
     s = Settings.load()
     assert s == Settings(
         inbox=None,
-        database_url=None,
+        database_url=f"sqlite:///{tmp_path.resolve() / 'ai_pipeline.sqlite'}",
         base_url=None,
         model="gpt-4o-mini",
         llm_concurrency=8,
@@ -37,6 +40,9 @@ def test_defaults_without_environment() -> None:
         price_per_1k_prompt_tokens=0.00015,
         price_per_1k_completion_tokens=0.0006,
         settle_seconds=1.0,
+        sensor_interval_seconds=30,
+        nightly_cron="0 2 * * *",
+        timezone="UTC",
     )
     assert s.max_document_bytes == 5 * 1024 * 1024
     assert s.min_confidence == 0.75

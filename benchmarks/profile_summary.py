@@ -31,7 +31,7 @@ BUCKETS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("create_run: rest", ("create_run",)),
     ("asyncio loop: TaskLog line -> context.log -> event log write", ("run_batch", "TaskLog")),
-    ("asyncio loop: results store (SQLite) calls", ("run_batch", "ai_pipeline/store.py")),
+    ("asyncio loop: results store (SQLite) calls", ("run_batch", "ai_pipeline/store/")),
     ("asyncio loop: idle in epoll (waiting for LLM replies)", ("run_batch", "select (selectors")),
     ("asyncio loop: rest (httpx, openai, checks)", ("run_batch",)),
     ("step: _target -> fetch_materializations per document", ("analyse_documents", "_target")),

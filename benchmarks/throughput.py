@@ -1,10 +1,10 @@
-"""Throughput of ``process_inbox`` against the bundled LLM simulator, through real Dagster runs.
+"""Throughput of ``Launcher.process_inbox`` against the bundled LLM simulator, through real Dagster runs.
 
 What it does (everything in temporary folders, nothing in the checkout is touched):
 
 1. *Main pass*: a fresh DAGSTER_HOME (a copy of the repository's ``dagster.yaml``) and an inbox of N
    distinct generated English documents; the simulator runs in this process with latency L and
-   ``max_concurrency`` = 2 × the pipeline's LLM concurrency; ``process_inbox(inbox, quiet=True)`` —
+   ``max_concurrency`` = 2 × the pipeline's LLM concurrency; ``Launcher.process_inbox(inbox)`` —
    registration, dynamic partitions, range runs through ``execute_in_process`` — is timed and
    compared with the ideal ``N × L / concurrency`` (what the LLM alone would cost).
 2. *Second pass* over the same inbox: everything is checkpointed, so the simulator must receive no
@@ -237,12 +237,15 @@ def run_breakdown(home: Path, run_ids: list[str]) -> dict[str, Any]:
 
 
 def timed_pass(inbox: Path, simulator: Any) -> dict[str, Any]:
-    from ai_pipeline.cli import process_inbox
+    import dagster as dg
+
+    from ai_pipeline.definitions import defs
+    from ai_pipeline.defs.launch import Launcher
 
     before = simulator.stats()["total"]
     cpu_started = time.process_time()
     started = time.perf_counter()
-    report = process_inbox(inbox, quiet=True)
+    report = Launcher(dg.DagsterInstance.get(), defs).process_inbox(inbox)
     wall = time.perf_counter() - started
     cpu = time.process_time() - cpu_started
     requests = simulator.stats()["total"] - before

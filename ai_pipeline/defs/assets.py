@@ -1,31 +1,44 @@
-"""The analysis assets: four stages of one multi-asset that runs a range of documents per run.
+"""The assets: the analysis stages of every document (one multi-asset), and the failure report.
 
-A run covers a range of ``documents`` partitions (sensor runs, CLI runs and backfills alike; a single
-document is a range of one) and analyses its documents concurrently. Dagster would mark the whole
-range materialized if the step returned outputs, so instead, per document and stage, the step
-yields an ``AssetMaterialization`` once that stage's checkpoint is durable, and an
-``AssetCheckEvaluation`` for each check of the LLM output. If any document failed, the step ends by
-raising ``Failure`` listing each failed document and its category: Dagster then shows FAILED for
-exactly those documents, from the stage that failed on (DESIGN.md, decision 3).
+``analyse_documents`` covers a range of ``documents`` partitions per run (sensor runs, CLI runs and
+backfills alike; a single document is a range of one) and analyses its documents concurrently
+(``ai_pipeline.batch``). Dagster would mark the whole range materialized if the step returned
+outputs, so instead, per document and stage, the step yields an ``AssetMaterialization`` once that
+stage's checkpoint is durable, and an ``AssetCheckEvaluation`` for each check of the LLM output. If
+any document failed, the step ends by raising ``Failure`` listing each failed document and its
+category: Dagster then shows FAILED for exactly those documents, from the stage that failed on
+(DESIGN.md, decision 3).
+
+``failure_report`` reads every document's results row through the results IO manager and reports
+counts by state and category, failures by day, tokens and cost.
 """
 
-import warnings
+import base64
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-    AssetCheckEvaluationTargetMaterializationData,
-)
+import pandas as pd
 
+from ai_pipeline.batch import run_batch
+from ai_pipeline.defs.checks import CHECK_SPECS, check_evaluations
+from ai_pipeline.defs.io_managers import ResultsIOManager
 from ai_pipeline.defs.partitions import documents_partitions
-from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsIOManager, ResultsStore
+from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
+from ai_pipeline.engine import STAGES, Analyser, StageDone, StageFailed
 from ai_pipeline.notify import Notifier
-from ai_pipeline.pipeline import STAGES, Analyser, StageDone, StageFailed, run_batch
-from ai_pipeline.schema import CHECK_NAMES
+from ai_pipeline.reporting import build_report, chart_png, to_markdown
 
 DOCUMENT_TEXT, LLM_ANALYSIS, VALIDATED_ANALYSIS, ANALYSIS_RESULTS, COMPLETION_NOTICE = (
     dg.AssetKey(s) for s in STAGES
+)
+ANALYSIS_KEYS = (
+    DOCUMENT_TEXT,
+    LLM_ANALYSIS,
+    VALIDATED_ANALYSIS,
+    ANALYSIS_RESULTS,
+    COMPLETION_NOTICE,
 )
 GROUP = "document_analysis"
 DOCUMENTS_PER_BACKFILL_RUN = 25
@@ -37,13 +50,6 @@ _DESCRIPTIONS = {
     "analysis_results": "One upserted row per document in the results table.",
     "completion_notice": "The completion notice POSTed to the webhook, exactly once "
     "(Idempotency-Key: its task id); skipped when AI_PIPELINE_WEBHOOK_URL is unset.",
-}
-
-_CHECK_DESCRIPTIONS = {
-    "refusal": "The reply is not a refusal (phrase library in Chinese and English).",
-    "schema": "The reply is exactly the JSON the prompt asks for, not truncated.",
-    "confidence": "The model's confidence is at or above the threshold (0.75 by default).",
-    "grounding": "Every entity the model names occurs in the document.",
 }
 
 
@@ -63,39 +69,6 @@ def _specs() -> list[dg.AssetSpec]:
             spec = spec.with_io_manager_key("results_io_manager")
         specs.append(spec)
     return specs
-
-
-with warnings.catch_warnings():
-    # Partitioned asset checks are a preview feature in dagster 1.13; they are what gives every
-    # document its own check results, so the warning is expected, not news for every load.
-    warnings.simplefilter("ignore", dg.PreviewWarning)
-    CHECK_SPECS = [
-        dg.AssetCheckSpec(
-            name,
-            asset=LLM_ANALYSIS,
-            description=_CHECK_DESCRIPTIONS[name],
-            partitions_def=documents_partitions,
-        )
-        for name in CHECK_NAMES
-    ]
-
-
-def _target(
-    instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition: str
-) -> AssetCheckEvaluationTargetMaterializationData | None:
-    # Checked against dagster 1.13.27: the public AssetCheckResult cannot target one partition of a
-    # range, and without target data the UI drops a check evaluation. This mirrors what
-    # AssetCheckResult does for a single-partition step.
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[partition]), limit=1
-    ).records
-    if not records:
-        return None
-    return AssetCheckEvaluationTargetMaterializationData(
-        storage_id=records[0].storage_id,
-        run_id=records[0].event_log_entry.run_id,
-        timestamp=records[0].timestamp,
-    )
 
 
 @dg.multi_asset(
@@ -128,7 +101,7 @@ def analyse_documents(
     analyser = Analyser(
         results_store.get(),
         llm.client(),
-        results_io_manager.upsert,
+        results_io_manager,
         log=context.log,
         run_id=context.run.run_id,
         min_confidence=config.min_confidence,
@@ -140,14 +113,12 @@ def analyse_documents(
         f"(prompt {analyser.llm.prompt.version})"
     )
     failed: dict[str, StageFailed] = {}
-    done = 0
-    for document_id, events in run_batch(analyser, document_ids):
+    for done, (document_id, events) in enumerate(run_batch(analyser, document_ids), 1):
         for event in events:
             if isinstance(event, StageFailed):
                 failed[document_id] = event
-                continue
-            yield from _report(context, event, selected_checks)
-        done += 1
+            else:
+                yield from _report(context, event, selected_checks)
         if done % 25 == 0 or done == len(document_ids):
             context.log.info(
                 f"{done}/{len(document_ids)} documents processed, {len(failed)} failed"
@@ -168,9 +139,7 @@ def analyse_documents(
 
 
 def _report(
-    context: dg.AssetExecutionContext,
-    event: StageDone,
-    selected_checks: set[dg.AssetCheckKey],
+    context: dg.AssetExecutionContext, event: StageDone, selected_checks: set[dg.AssetCheckKey]
 ) -> Iterator[Any]:
     asset_key = dg.AssetKey(event.stage)
     yield dg.AssetMaterialization(
@@ -178,22 +147,40 @@ def _report(
         partition=event.document_id,
         metadata={k: v for k, v in event.metadata.items() if v is not None},
     )
-    if not event.checks:
-        return
-    target = _target(context.instance, asset_key, event.document_id)
-    for outcome in event.checks:
-        if dg.AssetCheckKey(asset_key, outcome.name) not in selected_checks:
-            continue
-        metadata: dict[str, Any] = {"message": outcome.message}
-        if outcome.category is not None:
-            metadata["category"] = outcome.category.value
-        yield dg.AssetCheckEvaluation(
-            asset_key=asset_key,
-            check_name=outcome.name,
-            passed=outcome.passed,
-            partition=event.document_id,
-            metadata=metadata,
-            severity=dg.AssetCheckSeverity.ERROR,
-            target_materialization_data=target,
-            description=outcome.message,
-        )
+    yield from check_evaluations(
+        context.instance, asset_key, event.document_id, event.checks, selected_checks
+    )
+
+
+@dg.asset(
+    ins={
+        "analysis_results": dg.AssetIn(ANALYSIS_RESULTS, partition_mapping=dg.AllPartitionMapping())
+    },
+    group_name=GROUP,
+    kinds={"pandas"},
+    description="Counts by state and category, failures by day, success rate, tokens and cost.",
+)
+def failure_report(
+    context: dg.AssetExecutionContext, analysis_results: pd.DataFrame, results_store: ResultsStore
+) -> dg.MaterializeResult:
+    report = build_report(results_store.get(), analysis_results)
+    png = chart_png(report)
+    chart_path = Path(context.instance.root_directory) / "reports" / "failure_report.png"
+    chart_path.parent.mkdir(parents=True, exist_ok=True)
+    chart_path.write_bytes(png)
+    chart = (
+        "![documents by state and failures by category]"
+        f"(data:image/png;base64,{base64.b64encode(png).decode()})"
+    )
+    return dg.MaterializeResult(
+        metadata={
+            "report": dg.MetadataValue.md(to_markdown(report)),
+            "chart": dg.MetadataValue.md(chart),
+            "chart_file": dg.MetadataValue.path(str(chart_path)),
+            "documents": report["documents"],
+            "success_rate": report["success_rate"],
+            "failed": sum(v for k, v in report["by_state"].items() if k != "COMPLETED"),
+            "estimated_cost_usd": report["estimated_cost_usd"],
+            "tokens": report["tokens"]["prompt"] + report["tokens"]["completion"],
+        }
+    )

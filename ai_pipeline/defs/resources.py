@@ -4,15 +4,16 @@ Each field left unset falls back to the environment when a run or tick starts (s
 ``ai_pipeline.settings``); the API key comes only through ``dg.EnvVar("OPENAI_API_KEY")``.
 """
 
+from __future__ import annotations
+
 from typing import Any
 
 import dagster as dg
-import pandas as pd
+from pydantic import PrivateAttr
 
 from ai_pipeline.llm import Credentials, LLMClient
 from ai_pipeline.settings import Settings
 from ai_pipeline.store import Store, get_store
-from ai_pipeline.store import results as results_table
 
 
 class PipelineSettings(dg.ConfigurableResource):
@@ -42,8 +43,16 @@ class ResultsStore(dg.ConfigurableResource):
     """The results database (``AI_PIPELINE_DATABASE_URL``, else SQLite under DAGSTER_HOME)."""
 
     database_url: str | None = None
+    _store: Store | None = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        # Resolved once per run or tick, not at every call.
+        self._store = self._open()
 
     def get(self) -> Store:
+        return self._store if self._store is not None else self._open()
+
+    def _open(self) -> Store:
         return get_store(Settings.load(database_url=self.database_url).database_url)
 
 
@@ -80,35 +89,3 @@ class LLMResource(dg.ConfigurableResource):
             requests_per_minute=s.llm_requests_per_minute or None,
             **kwargs,
         )
-
-
-class ResultsIOManager(dg.ConfigurableIOManager):
-    """Upserts analysis results, one row per document, and loads them as a DataFrame.
-
-    The analysis step cannot hand Dagster one ``Output`` per document of a range, so it writes each
-    validated document through ``upsert`` — the same code path ``handle_output`` uses.
-    """
-
-    database_url: str | None = None
-
-    def _store(self) -> Store:
-        return get_store(Settings.load(database_url=self.database_url).database_url)
-
-    def upsert(self, rows: Any) -> int:
-        return self._store().upsert_results(list(rows))
-
-    def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
-        if obj is None:
-            return
-        rows = obj.to_dict("records") if isinstance(obj, pd.DataFrame) else list(obj)
-        context.add_output_metadata({"rows_upserted": self.upsert(rows)})
-
-    def load_input(self, context: dg.InputContext) -> pd.DataFrame:
-        document_ids = list(context.asset_partition_keys) if context.has_asset_partitions else None
-        # A downstream of every document (the report) asks for all of them: one query, no IN list.
-        if document_ids is not None and len(document_ids) > 500:
-            wanted = set(document_ids)
-            rows = [r for r in self._store().get_results() if r["document_id"] in wanted]
-        else:
-            rows = self._store().get_results(document_ids)
-        return pd.DataFrame(rows, columns=[c.name for c in results_table.columns])

@@ -1,33 +1,46 @@
-"""The inbox sensor: new files become documents (partitions) and range runs of up to N of them.
+"""The sensors: new inbox files become documents and range runs; a nightly backfill's end brings
+the failure report.
 
-A tick lists the inbox and reads only the files that arrived after its cursor, so its cost grows with
-the new files, not with the documents already processed. A file whose content is already a
-partition (a copy under another name) is recorded as an alias and launches nothing.
+The inbox sensor lists the inbox and reads only the files that arrived after its cursor, so a
+tick's cost grows with the new files, not with the documents already processed. A file whose
+content is already a partition (a copy under another name) is recorded as an alias and launches
+nothing. Its interval is read when the code location loads (``AI_PIPELINE_SENSOR_INTERVAL``), so
+the sensor is built by ``build_inbox_sensor`` in ``ai_pipeline.definitions``.
 """
 
 import os
 
 import dagster as dg
 
-from ai_pipeline.defs.jobs import analysis_job, range_run_request
+from ai_pipeline.defs.backfills import backfill_ended
+from ai_pipeline.defs.jobs import analysis_job, range_run_request, report_job
 from ai_pipeline.defs.partitions import PARTITIONS_NAME, documents_partitions
 from ai_pipeline.defs.resources import PipelineSettings, ResultsStore
-from ai_pipeline.documents import InboxCursor, scan_inbox
+from ai_pipeline.defs.schedules import NIGHTLY_TAG
+from ai_pipeline.inbox import InboxCursor, scan_inbox
 from ai_pipeline.intake import batches, register_files, unique_in_order
-from ai_pipeline.pipeline import ANALYSE_STEP, task_id
 from ai_pipeline.prompts import ANALYSIS
 from ai_pipeline.states import State
+from ai_pipeline.tasks import ANALYSE_STEP, task_id
 
-SENSOR_INTERVAL_SECONDS = int(os.environ.get("AI_PIPELINE_SENSOR_INTERVAL", "30"))
+
+def build_inbox_sensor(interval_seconds: int) -> dg.SensorDefinition:
+    @dg.sensor(
+        name="inbox_sensor",
+        job=analysis_job,
+        minimum_interval_seconds=interval_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Registers new files of the inbox (AI_PIPELINE_INBOX) and launches range runs.",
+    )
+    def inbox_sensor(
+        context: dg.SensorEvaluationContext, settings: PipelineSettings, results_store: ResultsStore
+    ) -> dg.SensorResult | dg.SkipReason:
+        return _inbox_tick(context, settings, results_store)
+
+    return inbox_sensor
 
 
-@dg.sensor(
-    job=analysis_job,
-    minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Registers new files of the inbox (AI_PIPELINE_INBOX) and launches range runs.",
-)
-def inbox_sensor(
+def _inbox_tick(
     context: dg.SensorEvaluationContext, settings: PipelineSettings, results_store: ResultsStore
 ) -> dg.SensorResult | dg.SkipReason:
     config = settings.resolve()
@@ -43,7 +56,7 @@ def inbox_sensor(
     store = results_store.get()
     # Files that count as new only because a folder above them changed are read only if their path
     # was never registered: a folder that gains a file is not read again whole.
-    known = store.known_sources(str(p) for p in scan.revisited)
+    known = store.documents.known_sources(str(p) for p in scan.revisited)
     paths = [p for p in scan.paths if not (p in scan.revisited and str(p) in known)]
     if not paths:
         return dg.SensorResult(
@@ -72,9 +85,9 @@ def inbox_sensor(
             cursor=scan.cursor.serialize(),
             skip_reason=dg.SkipReason(f"{aliases} files with content already known"),
         )
-    for document_id in new_ids:
-        if store.get_document(document_id)["state"] == State.PENDING.value:  # type: ignore[index]
-            store.transition(document_id, State.QUEUED)
+    for doc in store.documents.rows(new_ids):
+        if doc.state == State.PENDING:
+            store.documents.transition(doc.document_id, State.QUEUED)
     return dg.SensorResult(
         run_requests=[
             range_run_request(batch, prefix="inbox")
@@ -83,3 +96,22 @@ def inbox_sensor(
         dynamic_partitions_requests=[documents_partitions.build_add_request(new_ids)],
         cursor=scan.cursor.serialize(),
     )
+
+
+@dg.sensor(
+    job=report_job,
+    minimum_interval_seconds=60,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Builds the failure report once a nightly retry backfill has ended.",
+)
+def nightly_report_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+    requests = [
+        dg.RunRequest(
+            run_key=f"report-after-{b.backfill_id}", tags={NIGHTLY_TAG: b.tags[NIGHTLY_TAG]}
+        )
+        for b in context.instance.get_backfills(limit=50)
+        if NIGHTLY_TAG in b.tags and backfill_ended(b)
+    ]
+    if not requests:
+        return dg.SkipReason("no nightly backfill has ended")
+    return dg.SensorResult(run_requests=requests)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import dagster as dg
 
-from ai_pipeline.cli import process_inbox
 from ai_pipeline.defs.assets import (
     ANALYSIS_RESULTS,
     COMPLETION_NOTICE,
@@ -15,52 +14,19 @@ from ai_pipeline.defs.assets import (
     LLM_ANALYSIS,
     VALIDATED_ANALYSIS,
 )
-from ai_pipeline.defs.partitions import documents_partitions
-from ai_pipeline.documents import content_id, normalise_text
-from ai_pipeline.pipeline import ANALYSE_STEP, task_id
-from ai_pipeline.prompts import ANALYSIS
-from ai_pipeline.store import get_store
-from ai_pipeline_tests.conftest import TEST_MODEL, kill_when, make_inbox, sample_text
-
-STATUS = dg.AssetPartitionStatus
-
-
-def doc_id(text: str) -> str:
-    return content_id(normalise_text(text).encode("utf-8"))
-
-
-def task_of(document_id: str) -> str:
-    return task_id(document_id, ANALYSE_STEP, ANALYSIS.version, TEST_MODEL)
-
-
-def statuses(instance: dg.DagsterInstance, asset_key: dg.AssetKey, keys: list[str]) -> dict:
-    return dict(instance.get_status_by_partition(asset_key, keys, documents_partitions) or {})
-
-
-def test_definitions_load() -> None:
-    """Every asset, check, job and sensor is reachable from the one Definitions object."""
-    from ai_pipeline.definitions import defs
-
-    repo = defs.get_repository_def()
-    assert set(repo.asset_graph.get_all_asset_keys()) == {
-        DOCUMENT_TEXT,
-        LLM_ANALYSIS,
-        VALIDATED_ANALYSIS,
-        ANALYSIS_RESULTS,
-        COMPLETION_NOTICE,
-        dg.AssetKey("failure_report"),
-    }
-    assert {k.name for k in repo.asset_graph.asset_check_keys} == {
-        "refusal",
-        "schema",
-        "confidence",
-        "grounding",
-    }
-    assert repo.has_sensor_def("inbox_sensor")
-    assert repo.has_job("analyse_documents_job")
-    assert repo.has_job("failure_report_job")
-    assert repo.has_schedule_def("nightly_retry_schedule")
-    assert repo.has_sensor_def("nightly_report_sensor")
+from ai_pipeline.tasks import ANALYSE_STEP
+from ai_pipeline_tests.support import (
+    STATUS,
+    doc_id,
+    kill_when,
+    launcher,
+    make_inbox,
+    process_inbox,
+    results_store,
+    sample_text,
+    statuses,
+    task_of,
+)
 
 
 def test_range_run_fails_exactly_the_failing_document(
@@ -72,7 +38,7 @@ def test_range_run_fails_exactly_the_failing_document(
     inbox = make_inbox(tmp_path / "inbox", texts)
     simulator.set_faults([{"kind": "status", "status": 400, "match": "Poison request"}])
 
-    report = process_inbox(inbox, quiet=True)
+    report = process_inbox(inbox)
 
     assert len(report["runs"]) == 1, "all documents in one range run"
     assert report["runs"][0]["success"] is False
@@ -93,16 +59,16 @@ def test_range_run_fails_exactly_the_failing_document(
         bad: "PLANNED"
     }
 
-    store = get_store()
-    rows = {r["document_id"] for r in store.get_results()}
+    store = results_store()
+    rows = {r.document_id for r in store.results.get()}
     assert rows == set(good)
     by_id = {d["document_id"]: d for d in report["documents"]}
     assert by_id[bad]["state"] == "FAILED"
     assert by_id[bad]["category"] == "INPUT_QUALITY_ISSUE"
     assert all(by_id[g]["state"] == "COMPLETED" for g in good)
     assert simulator.requests_for(task_of(bad)) == 1
-    events = store.failure_events(bad)
-    assert [e["category"] for e in events] == ["INPUT_QUALITY_ISSUE"]
+    events = store.events.failures(bad)
+    assert [e.category for e in events] == ["INPUT_QUALITY_ISSUE"]
 
 
 def test_same_content_two_names_is_one_document(
@@ -114,15 +80,15 @@ def test_same_content_two_names_is_one_document(
         tmp_path / "inbox", {"a.txt": text, "sub/b-copy.txt": text, "c.md": sample_text(8)}
     )
 
-    report = process_inbox(inbox, quiet=True)
+    report = process_inbox(inbox)
 
     the_id = doc_id(text)
     assert instance.get_dynamic_partitions("documents").count(the_id) == 1
     assert len(instance.get_dynamic_partitions("documents")) == 2
     assert simulator.requests_for(task_of(the_id)) == 1
     assert simulator.stats()["total"] == 2
-    row = next(r for r in get_store().get_results() if r["document_id"] == the_id)
-    assert sorted(Path(s).name for s in row["sources"]) == ["a.txt", "b-copy.txt"]
+    row = next(r for r in results_store().results.get() if r.document_id == the_id)
+    assert sorted(Path(s).name for s in row.sources) == ["a.txt", "b-copy.txt"]
     assert report["counts"]["by_state"] == {"COMPLETED": 2}
 
 
@@ -132,38 +98,33 @@ def test_rerun_makes_no_llm_call(instance: dg.DagsterInstance, simulator, tmp_pa
     inbox = make_inbox(tmp_path / "inbox", texts)
     flaky = doc_id(texts["d3.txt"])
     simulator.set_faults([{"kind": "status", "status": 503, "match": task_of(flaky)}])
-    first = process_inbox(inbox, quiet=True)
+    first = process_inbox(inbox)
     assert first["counts"]["by_state"] == {"COMPLETED": 3, "FAILED": 1}
     calls_after_first = simulator.stats()["total"]
 
     simulator.set_faults([])
-    second = process_inbox(inbox, quiet=True)
+    second = process_inbox(inbox)
 
     assert second["counts"]["by_state"] == {"COMPLETED": 4}
     # Only the failed document was analysed again.
     assert simulator.stats()["total"] == calls_after_first + 1
-    assert get_store().count_results() == 4
+    assert results_store().results.count() == 4
     assert statuses(instance, ANALYSIS_RESULTS, [flaky]) == {flaky: STATUS.MATERIALIZED}
 
     # Re-executing the whole range through Dagster (as the UI's "Re-execute" would) is free.
-    from ai_pipeline.definitions import defs
-    from ai_pipeline.defs.jobs import ANALYSIS_JOB_NAME, range_tags
-
     keys = instance.get_dynamic_partitions("documents")
-    result = defs.resolve_job_def(ANALYSIS_JOB_NAME).execute_in_process(
-        instance=instance, tags=range_tags(keys)
-    )
-    assert result.success
+    (run,) = launcher(instance).execute(keys)
+    assert run["success"]
     assert simulator.stats()["total"] == calls_after_first + 1
-    assert get_store().count_results() == 4
+    assert results_store().results.count() == 4
 
 
 KILL_SCRIPT = textwrap.dedent(
     """
     import sys, time
-    import ai_pipeline.store as store_module
+    import ai_pipeline.store.results as results_module
 
-    original = store_module.Store.upsert_results
+    original = results_module.Results.upsert
     calls = []
 
     def upsert_then_stall(self, rows):
@@ -174,7 +135,7 @@ KILL_SCRIPT = textwrap.dedent(
             time.sleep(600)
         return original(self, rows)
 
-    store_module.Store.upsert_results = upsert_then_stall
+    results_module.Results.upsert = upsert_then_stall
     from ai_pipeline.cli import main
     sys.exit(main(["run", "--inbox", sys.argv[1], "--json"]))
     """
@@ -188,20 +149,20 @@ def test_sigkill_between_checkpoint_and_upsert(
     texts = {f"k{i}.txt": sample_text(100 + i) for i in range(8)}
     inbox = make_inbox(tmp_path / "inbox", texts)
     ids = [doc_id(t) for t in texts.values()]
-    store = get_store()
+    store = results_store()
     kill_when(
         KILL_SCRIPT,
         [str(inbox)],
-        lambda: store.count_results() == 2 and store.count_checkpoints(ANALYSE_STEP) > 2,
+        lambda: store.results.count() == 2 and store.checkpoints.count(ANALYSE_STEP) > 2,
         tmp_path,
     )
-    checkpointed = {i for i in ids if store.get_checkpoint(task_of(i)) is not None}
-    with_row = {r["document_id"] for r in store.get_results()}
+    checkpointed = {i for i in ids if store.checkpoints.get(task_of(i)) is not None}
+    with_row = {r.document_id for r in store.results.get()}
     assert len(with_row) == 2 and with_row < checkpointed
     calls_before = {i: simulator.requests_for(task_of(i)) for i in ids}
     assert all(calls_before[i] == 1 for i in checkpointed)
 
-    report = process_inbox(inbox, quiet=True)
+    report = process_inbox(inbox)
 
     assert report["counts"]["by_state"] == {"COMPLETED": len(ids)}
     calls_after = {i: simulator.requests_for(task_of(i)) for i in ids}
@@ -209,6 +170,6 @@ def test_sigkill_between_checkpoint_and_upsert(
     # whose answer was lost with the process is asked once more.
     assert {i: calls_after[i] for i in checkpointed} == {i: 1 for i in checkpointed}
     assert all(calls_after[i] == calls_before[i] + 1 for i in set(ids) - checkpointed)
-    rows = store.get_results()
-    assert sorted(r["document_id"] for r in rows) == sorted(ids)
+    rows = store.results.get()
+    assert sorted(r.document_id for r in rows) == sorted(ids)
     assert statuses(instance, ANALYSIS_RESULTS, ids) == {i: STATUS.MATERIALIZED for i in ids}

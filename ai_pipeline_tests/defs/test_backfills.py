@@ -24,35 +24,30 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from ai_pipeline.cli import execute, main, process_inbox, register_inbox
-from ai_pipeline.defs import backfills
-from ai_pipeline.defs.assets import (
-    ANALYSIS_RESULTS,
-    COMPLETION_NOTICE,
-    DOCUMENT_TEXT,
-    LLM_ANALYSIS,
-    VALIDATED_ANALYSIS,
-)
+from ai_pipeline.cli import main
+from ai_pipeline.defs import launch
+from ai_pipeline.defs.assets import ANALYSIS_KEYS, ANALYSIS_RESULTS, LLM_ANALYSIS
 from ai_pipeline.defs.backfills import backfill_id_for
 from ai_pipeline.defs.partitions import documents_partitions
-from ai_pipeline.defs.report import NIGHTLY_TAG, nightly_retry_schedule
 from ai_pipeline.defs.resources import ResultsStore
+from ai_pipeline.defs.schedules import NIGHTLY_TAG
 from ai_pipeline.intake import batch_key
 from ai_pipeline.reporting import build_report
 from ai_pipeline.states import State
-from ai_pipeline.store import get_store
-from ai_pipeline_tests.conftest import make_inbox, sample_text
 from ai_pipeline_tests.dagster_procs import DEADLINE_SECONDS, DagsterProcess, running, wait_for
-from ai_pipeline_tests.defs.test_assets import STATUS, statuses, task_of
-from ai_pipeline_tests.defs.test_sensors import RANGE_END, RANGE_START
-
-ANALYSIS_KEYS = (
-    DOCUMENT_TEXT,
-    LLM_ANALYSIS,
-    VALIDATED_ANALYSIS,
-    ANALYSIS_RESULTS,
-    COMPLETION_NOTICE,
+from ai_pipeline_tests.support import (
+    RANGE_END,
+    RANGE_START,
+    STATUS,
+    launcher,
+    make_inbox,
+    process_inbox,
+    results_store,
+    sample_text,
+    statuses,
+    task_of,
 )
+
 BACKFILL_DEADLINE_SECONDS = 240
 REPORT = dg.AssetKey("failure_report")
 
@@ -111,20 +106,20 @@ def seed(
     validation); the faults stay in place until the test clears them."""
     texts = {f"doc-{i}.txt": sample_text(i) for i in range(count)}
     inbox = make_inbox(tmp_path / "inbox", texts)
-    _, ids = register_inbox(inbox, quiet=True)
+    _, ids = launcher().register_inbox(inbox)
     seeded = Seeded(inbox, ids, [ids[i] for i in network], [ids[i] for i in low_confidence])
     simulator.set_faults(
         [{"kind": "status", "status": 503, "match": task_of(i)} for i in seeded.network]
         + [{"kind": "low_confidence", "match": task_of(i)} for i in seeded.low_confidence]
     )
-    process_inbox(inbox, quiet=True)
+    process_inbox(inbox)
     return seeded
 
 
 def states(ids: Sequence[str]) -> dict[str, tuple[str, str | None]]:
     """(state, category) of each document in the results database."""
-    docs = {d["document_id"]: d for d in get_store().get_documents(ids)}
-    return {i: (docs[i]["state"], docs[i]["category"]) for i in ids}
+    docs = {d.document_id: d for d in results_store().documents.rows(ids)}
+    return {i: (docs[i].state, docs[i].category) for i in ids}
 
 
 def calls(simulator: Any, ids: Sequence[str]) -> dict[str, int]:
@@ -302,7 +297,7 @@ def test_ui_failed_backfill_reruns_only_the_failed_documents(
     assert states(seeded.ids) == {i: ("COMPLETED", None) for i in seeded.ids} | {
         low: ("FAILED", "LOW_CONFIDENCE")
     }
-    assert get_store().get_document(low)["attempts"] == 2
+    assert results_store().documents.get(low).attempts == 2  # type: ignore[union-attr]
     assert statuses(instance, ANALYSIS_RESULTS, seeded.ids) == {
         i: STATUS.MATERIALIZED for i in seeded.ids
     } | {low: STATUS.FAILED}
@@ -382,12 +377,15 @@ def test_cli_backfill_plans_by_category_then_waits_for_the_daemon(
 
 
 def evaluate_nightly(instance: dg.DagsterInstance, night: datetime) -> Any:
+    from ai_pipeline.definitions import defs
+
     context = dg.build_schedule_context(
         instance=instance,
         scheduled_execution_time=night,
         resources={"results_store": ResultsStore()},
+        repository_def=defs.get_repository_def(),
     )
-    return nightly_retry_schedule(context)
+    return defs.get_repository_def().get_schedule_def("nightly_retry_schedule")(context)
 
 
 def seed_night(
@@ -398,7 +396,7 @@ def seed_night(
     assert_seeded(instance, seeded, simulator)
     simulator.set_faults([])
     dead = seeded.network[-1]
-    get_store().transition(dead, State.DEAD_LETTER)
+    results_store().documents.transition(dead, State.DEAD_LETTER)
     return seeded, seeded.network[:-1], dead
 
 
@@ -424,7 +422,7 @@ def test_nightly_schedule_backfills_retryable_failures_once_per_night(
     assert [b.backfill_id for b in instance.get_backfills()] == [backfill.backfill_id]
 
     # The retryable ones fixed; what is left needs a person or is dead: the report, no backfill.
-    execute(retryable, quiet=True)
+    launcher().execute(retryable)
     assert states(retryable) == {i: ("COMPLETED", None) for i in retryable}
     next_night = evaluate_nightly(instance, night + timedelta(days=1))
     assert isinstance(next_night, dg.RunRequest), next_night
@@ -482,7 +480,7 @@ def test_nightly_tick_backfills_then_reports(
         i: before[i] + 1 if i in retryable else before[i] for i in seeded.ids
     }
     metadata = {k: v.value for k, v in event.asset_materialization.metadata.items()}
-    expected = build_report(get_store())
+    expected = build_report(results_store())
     assert (metadata["documents"], metadata["success_rate"], metadata["failed"]) == (
         expected["documents"],
         expected["success_rate"],
@@ -508,7 +506,7 @@ def test_batch_resubmission_resumes_only_the_failed_document(
     """A batch reports its failed document; resubmitted, the same batch reruns only that one."""
     texts = {f"contract-{i}.txt": sample_text(700 + i) for i in range(5)}
     inbox = make_inbox(tmp_path / "contracts", texts)
-    _, ids = register_inbox(inbox, quiet=True)
+    _, ids = launcher().register_inbox(inbox)
     bad = ids[2]
     simulator.set_faults([{"kind": "status", "status": 503, "match": task_of(bad)}])
     daemon.start()
@@ -573,7 +571,7 @@ def test_submit_wait_exits_1_when_a_document_of_the_batch_failed(
     """``submit --wait`` exits 1 when its batch ends with a failed document, like ``backfill``."""
     seeded = seed(tmp_path, simulator, count=3, network=(1,), low_confidence=())
     # The daemon's verdict on the submitted backfill (its run would fail the document again).
-    monkeypatch.setattr(backfills, "wait_for_backfill", lambda *_a, **_kw: "COMPLETED_FAILED")
+    monkeypatch.setattr(launch, "wait_for_backfill", lambda *_a, **_kw: "COMPLETED_FAILED")
 
     code, out = run_cli(capsys, "submit", str(seeded.inbox), "--batch", "b", "--wait", "--json")
 

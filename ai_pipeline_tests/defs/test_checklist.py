@@ -17,15 +17,23 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from ai_pipeline.cli import process_inbox
 from ai_pipeline.defs.assets import ANALYSIS_RESULTS, LLM_ANALYSIS
 from ai_pipeline.documents import content_id, read_document
 from ai_pipeline.failures import Category, Disposition, category_for_status
 from ai_pipeline.intake import register_files
-from ai_pipeline.pipeline import ANALYSE_STEP
-from ai_pipeline.store import Store, get_store
-from ai_pipeline_tests.conftest import EXAMPLES, make_inbox, sample_text, user_messages
-from ai_pipeline_tests.defs.test_assets import doc_id, statuses, task_of
+from ai_pipeline.store.results import Results
+from ai_pipeline.tasks import ANALYSE_STEP
+from ai_pipeline_tests.support import (
+    EXAMPLES,
+    doc_id,
+    make_inbox,
+    process_inbox,
+    results_store,
+    sample_text,
+    statuses,
+    task_of,
+    user_messages,
+)
 
 STATUS = dg.AssetPartitionStatus
 PDF = EXAMPLES / "inbox" / "q3-report-northwind.pdf"
@@ -52,17 +60,16 @@ def test_5_1_same_pdf_five_times_gives_five_byte_identical_task_ids(
         copies.append(tmp_path / "inbox" / f"copy-{i}" / f"northwind-{i}.pdf")
         copies[-1].parent.mkdir(parents=True)
         shutil.copy(PDF, copies[-1])
-    store = get_store()
+    store = results_store()
 
     registered = [register_files(store, [path], max_bytes=10_000_000)[0] for path in copies]
 
-    assert [r.new for r in registered] == [True, False, False, False, False]
     task_ids = [task_of(r.document_id).encode("utf-8") for r in registered]
     assert len(task_ids) == 5 and len(set(task_ids)) == 1
     assert {r.document_id for r in registered} == {content_id(PDF.read_bytes())}
     assert task_ids[0] == task_of(content_id(PDF.read_bytes())).encode("utf-8")
-    assert len(store.get_documents()) == 1
-    assert sorted(Path(s).name for s in store.sources()[registered[0].document_id]) == [
+    assert len(store.documents.rows()) == 1
+    assert sorted(Path(s).name for s in store.documents.sources()[registered[0].document_id]) == [
         f"northwind-{i}.pdf" for i in range(5)
     ]
 
@@ -100,16 +107,16 @@ def test_5_1_task_id_is_identical_at_the_endpoint_in_the_database_and_in_the_log
     pdf_id = content_id(PDF.read_bytes())
     generated = task_of(pdf_id)
 
-    report = process_inbox(inbox, quiet=True)
+    report = process_inbox(inbox)
 
     assert report["counts"]["by_state"] == {"COMPLETED": 2}
     # The endpoint: the Idempotency-Key of the one request that analysed the PDF.
     keys = [r["key"] for r in simulator.stats()["requests"] if r["key"].startswith(pdf_id)]
     assert keys == [generated]
     # The database: the document's row and its results row.
-    store = get_store()
-    assert store.get_document(pdf_id)["task_id"] == generated
-    assert [r["task_id"] for r in store.get_results([pdf_id])] == [generated]
+    store = results_store()
+    assert store.documents.get(pdf_id).task_id == generated  # type: ignore[union-attr]
+    assert [r.task_id for r in store.results.get([pdf_id])] == [generated]
     # Dagster: every log line about the document, and the materialization's metadata.
     lines = [m for m in user_messages(instance, report["runs"][0]["run_id"]) if pdf_id in m]
     assert lines
@@ -143,7 +150,7 @@ def test_5_2_half_the_packets_lost_retries_at_most_twice_and_the_third_failure_i
         [{"kind": "reset", "match": "Unreachable ledger"}, {"kind": "reset", "every": 2}]
     )
 
-    report = process_inbox(inbox, quiet=True)
+    report = process_inbox(inbox)
 
     by_id = {d["document_id"]: d for d in report["documents"]}
     assert all(by_id[g]["state"] == "COMPLETED" for g in good)
@@ -154,8 +161,8 @@ def test_5_2_half_the_packets_lost_retries_at_most_twice_and_the_third_failure_i
     assert (by_id[lost]["state"], by_id[lost]["category"]) == ("FAILED", "NETWORK_TIMEOUT")
     assert simulator.requests_for(task_of(lost)) == 3
     assert simulator.stats()["by_status"] == {"200": 4, "reset": 6}
-    events = get_store().failure_events(lost)
-    assert [e["category"] for e in events] == ["NETWORK_TIMEOUT"] * 3
+    events = results_store().events.failures(lost)
+    assert [e.category for e in events] == ["NETWORK_TIMEOUT"] * 3
     messages = user_messages(instance, report["runs"][0]["run_id"])
     retries = [m for m in messages if f"for TASK:{task_of(lost)}]" in m and "[RETRY #" in m]
     assert [re.search(r"\[RETRY #(\d+)", m).group(1) for m in retries] == ["1", "2"]
@@ -176,7 +183,7 @@ def test_5_2_invalid_token_is_not_retried_but_refreshed_and_resubmitted_under_th
     inbox = make_inbox(tmp_path / "inbox", {"only.txt": text})
     task = task_of(doc_id(text))
 
-    report = process_inbox(inbox, quiet=True)
+    report = process_inbox(inbox)
 
     assert report["counts"]["by_state"] == {"COMPLETED": 1}
     requests = simulator.stats()["requests"]
@@ -184,34 +191,34 @@ def test_5_2_invalid_token_is_not_retried_but_refreshed_and_resubmitted_under_th
         (task, 401, False),
         (task, 200, True),
     ]
-    events = get_store().failure_events(doc_id(text))
-    assert [e["category"] for e in events] == ["AUTH_FAILED"]
-    assert "refreshed" in events[0]["error"]
+    events = results_store().events.failures(doc_id(text))
+    assert [e.category for e in events] == ["AUTH_FAILED"]
+    assert "refreshed" in events[0].error
     messages = user_messages(instance, report["runs"][0]["run_id"])
     assert any(m.startswith(f"[TASK:{task}] [AUTH for TASK:{task}]") for m in messages)
     assert not any("[RETRY #" in m for m in messages)
-    assert len(get_store().get_results([doc_id(text)])) == 1
+    assert len(results_store().results.get([doc_id(text)])) == 1
 
 
 def test_5_2_fixed_prompt_please_answer_i_dont_know_is_intercepted_as_model_refusal(
     instance: dg.DagsterInstance, simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The fixed prompt 请回答'我不知道' is intercepted, marked MODEL_REFUSAL, nothing downstream."""
-    upserted: list[dict[str, Any]] = []
-    original = Store.upsert_results
+    upserted: list[Any] = []
+    original = Results.upsert
 
-    def spy(self: Store, rows: Any) -> int:
+    def spy(self: Results, rows: Any) -> int:
         upserted.extend(rows)
         return original(self, rows)
 
-    monkeypatch.setattr(Store, "upsert_results", spy)
+    monkeypatch.setattr(Results, "upsert", spy)
     good_text = sample_text(70)
     inbox = make_inbox(
         tmp_path / "inbox", {"prompt.txt": FIXED_REFUSAL_PROMPT, "good.txt": good_text}
     )
     refused, good = doc_id(FIXED_REFUSAL_PROMPT), doc_id(good_text)
 
-    report = process_inbox(inbox, quiet=True)
+    report = process_inbox(inbox)
 
     assert [r["fault"] for r in simulator.stats()["requests"] if r["key"] == task_of(refused)] == [
         "dont_know"
@@ -220,11 +227,11 @@ def test_5_2_fixed_prompt_please_answer_i_dont_know_is_intercepted_as_model_refu
     assert (by_id[refused]["state"], by_id[refused]["category"]) == ("FAILED", "MODEL_REFUSAL")
     assert by_id[good]["state"] == "COMPLETED"
     # No downstream call: the results upsert never saw the document (it did see the other one).
-    assert [r["document_id"] for r in upserted] == [good]
-    store = get_store()
-    assert [r["document_id"] for r in store.get_results()] == [good]
-    assert [e["category"] for e in store.failure_events(refused)] == ["MODEL_REFUSAL"]
-    assert [(r["document_id"], r["category"]) for r in store.review_items()] == [
+    assert [r.document_id for r in upserted] == [good]
+    store = results_store()
+    assert [r.document_id for r in store.results.get()] == [good]
+    assert [e.category for e in store.events.failures(refused)] == ["MODEL_REFUSAL"]
+    assert [(r.document_id, r.category) for r in store.reviews.items()] == [
         (refused, "MODEL_REFUSAL")
     ]
     assert statuses(instance, ANALYSIS_RESULTS, [refused, good]) == {
@@ -254,8 +261,8 @@ def test_5_3_same_task_id_twice_leaves_one_record_and_one_call__downstream_webho
     the_id = doc_id(texts["a.txt"])
     task = task_of(the_id)
 
-    first = process_inbox(inbox, quiet=True)
-    second = process_inbox(inbox, quiet=True)
+    first = process_inbox(inbox)
+    second = process_inbox(inbox)
     forced = defs.resolve_job_def("analyse_documents_job").execute_in_process(
         instance=instance,
         tags={
@@ -267,13 +274,13 @@ def test_5_3_same_task_id_twice_leaves_one_record_and_one_call__downstream_webho
     assert first["counts"]["by_state"] == {"COMPLETED": 2}
     assert second["runs"] == [] and second["counts"]["by_state"] == {"COMPLETED": 2}
     assert forced.success
-    store = get_store()
-    rows = store.get_results([the_id])
-    assert len(rows) == 1 and rows[0]["task_id"] == task
-    assert store.count_results() == 2
+    store = results_store()
+    rows = store.results.get([the_id])
+    assert len(rows) == 1 and rows[0].task_id == task
+    assert store.results.count() == 2
     assert simulator.requests_for(task) == 1
     assert simulator.stats()["total"] == 2
-    assert store.count_checkpoints(ANALYSE_STEP) == 2
+    assert store.checkpoints.count(ANALYSE_STEP) == 2
     assert statuses(instance, ANALYSIS_RESULTS, [the_id]) == {the_id: STATUS.MATERIALIZED}
 
 

@@ -17,12 +17,19 @@ import dagster as dg
 import pytest
 from dagster._serdes import serialize_value
 
-from ai_pipeline.cli import process_inbox
 from ai_pipeline.defs.assets import ANALYSIS_RESULTS, LLM_ANALYSIS
 from ai_pipeline.failures import Category
-from ai_pipeline.store import get_store
-from ai_pipeline_tests.conftest import TEST_API_KEY, make_inbox, sample_text, user_messages
-from ai_pipeline_tests.defs.test_assets import doc_id, statuses, task_of
+from ai_pipeline_tests.support import (
+    TEST_API_KEY,
+    doc_id,
+    make_inbox,
+    process_inbox,
+    results_store,
+    sample_text,
+    statuses,
+    task_of,
+    user_messages,
+)
 
 STATUS = dg.AssetPartitionStatus
 TARGET_TEXT = (
@@ -40,7 +47,7 @@ def _inbox(tmp_path: Path, target: str | None = TARGET_TEXT, n_good: int = 3) ->
 
 
 def _run(tmp_path: Path) -> dict[str, Any]:
-    return process_inbox(tmp_path / "inbox", quiet=True)
+    return process_inbox(tmp_path / "inbox")
 
 
 def _by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -92,9 +99,9 @@ def _observe_fault_table(instance: dg.DagsterInstance, simulator, tmp_path: Path
     good = [doc_id(sample_text(i)) for i in range(N_GOOD)]
     simulator.set_faults([{**fault, "match": task_of(targets[row])} for row, fault in rows.items()])
 
-    report = process_inbox(tmp_path / "fault-table", quiet=True)
+    report = process_inbox(tmp_path / "fault-table")
 
-    store = get_store()
+    store = results_store()
     keys = [*good, *targets.values()]
     history = instance.event_log_storage.get_asset_check_execution_history(
         dg.AssetCheckKey(LLM_ANALYSIS, "grounding"), limit=100
@@ -104,13 +111,13 @@ def _observe_fault_table(instance: dg.DagsterInstance, simulator, tmp_path: Path
         "report": report,
         "targets": targets,
         "good": good,
-        "documents": {d["document_id"]: d for d in store.get_documents()},
-        "results": {r["document_id"]: r for r in store.get_results()},
-        "events": store.failure_events(),
+        "documents": {d.document_id: d for d in store.documents.rows()},
+        "results": {r.document_id: r for r in store.results.get()},
+        "events": store.events.failures(),
         "requests": {k: simulator.requests_for(task_of(k)) for k in keys},
         "status": statuses(instance, ANALYSIS_RESULTS, keys),
-        "review": {r["document_id"]: r for r in store.review_items()},
-        "quarantine": store.quarantined(),
+        "review": {r.document_id: r for r in store.reviews.items()},
+        "quarantine": store.reviews.quarantined(),
         "grounding": {r.partition: r.status.value for r in history},
     }
 
@@ -147,20 +154,20 @@ def test_fault_lands_in_its_category_for_exactly_one_document(
     by_id = _by_id(seen["report"])
     assert (by_id[target]["state"], by_id[target]["category"]) == ("FAILED", category.value)
     doc = seen["documents"][target]
-    assert (doc["state"], doc["category"], doc["task_id"]) == ("FAILED", category.value, task)
-    assert doc["run_id"] == runs[0]["run_id"]
+    assert (doc.state, doc.category, doc.task_id) == ("FAILED", category.value, task)
+    assert doc.run_id == runs[0]["run_id"]
     assert target not in seen["results"]
-    events = [e for e in seen["events"] if e["document_id"] == target]
-    assert events and {e["category"] for e in events} == {category.value}
-    assert {(e["task_id"], e["run_id"]) for e in events} == {(task, runs[0]["run_id"])}
+    events = [e for e in seen["events"] if e.document_id == target]
+    assert events and {e.category for e in events} == {category.value}
+    assert {(e.task_id, e.run_id) for e in events} == {(task, runs[0]["run_id"])}
     assert seen["requests"][target] == requests
 
     # The other documents of the same run completed, each with its row and one request.
     assert all(by_id[g]["state"] == "COMPLETED" for g in good)
-    assert all(seen["documents"][g]["run_id"] == runs[0]["run_id"] for g in good)
+    assert all(seen["documents"][g].run_id == runs[0]["run_id"] for g in good)
     assert set(seen["results"]) == set(good)
     assert {seen["requests"][g] for g in good} == {1}
-    assert not [e for e in seen["events"] if e["document_id"] in good]
+    assert not [e for e in seen["events"] if e.document_id in good]
 
     # Dagster: FAILED for exactly the failed documents, this one among them.
     assert seen["status"] == {g: STATUS.MATERIALIZED for g in good} | {
@@ -171,14 +178,14 @@ def test_fault_lands_in_its_category_for_exactly_one_document(
     review = seen["review"].get(target)
     if category.needs_person:
         assert review is not None
-        assert (review["category"], review["task_id"]) == (category.value, task)
+        assert (review.category, review.task_id) == (category.value, task)
     else:
         assert review is None
-    quarantined = [q for q in seen["quarantine"] if q["document_id"] == target]
+    quarantined = [q for q in seen["quarantine"] if q.document_id == target]
     if category == Category.MODEL_HALLUCINATION:
-        assert [q["task_id"] for q in quarantined] == [task]
-        assert "Globex Corporation" in quarantined[0]["output"]
-        assert "Globex Corporation" in quarantined[0]["reason"]
+        assert [q.task_id for q in quarantined] == [task]
+        assert "Globex Corporation" in quarantined[0].output
+        assert "Globex Corporation" in quarantined[0].reason
         assert seen["grounding"][target] == "FAILED"
         assert all(seen["grounding"][g] == "SUCCEEDED" for g in good)
     else:
@@ -198,8 +205,8 @@ def test_document_asking_for_i_dont_know_is_model_refusal(
     report = _run(tmp_path)
 
     assert [r["fault"] for r in simulator.stats()["requests"]].count("dont_know") == 2
-    store = get_store()
-    assert {r["document_id"] for r in store.get_results()} == {doc_id(t) for t in texts.values()}
+    store = results_store()
+    assert {r.document_id for r in store.results.get()} == {doc_id(t) for t in texts.values()}
     by_id = _by_id(report)
     assert {d: (by_id[d]["state"], by_id[d]["category"]) for d in refusals} == {
         d: ("FAILED", "MODEL_REFUSAL") for d in refusals
@@ -221,11 +228,11 @@ def test_rate_limit_with_retry_after_is_waited_out_once(
     assert report["counts"]["by_state"] == {"COMPLETED": len(texts)}
     assert report["runs"][0]["success"] is True
     assert simulator.requests_for(task_of(target)) == 2
-    store = get_store()
-    assert len(store.get_results([target])) == 1
-    events = store.failure_events(target)
-    assert [e["category"] for e in events] == ["RATE_LIMIT_EXCEEDED"]
-    assert "waited 1 s" in events[0]["error"]
+    store = results_store()
+    assert len(store.results.get([target])) == 1
+    events = store.events.failures(target)
+    assert [e.category for e in events] == ["RATE_LIMIT_EXCEEDED"]
+    assert "waited 1 s" in events[0].error
 
 
 def _keys(
@@ -260,7 +267,7 @@ def test_auth_failure_is_cured_by_one_credentials_refresh(
     assert {t: simulator.requests_for(t) for t in tasks} == {
         t: 2 if t == first else 1 for t in tasks
     }
-    assert get_store().count_results() == len(texts)
+    assert results_store().results.count() == len(texts)
 
 
 def test_auth_failure_with_no_valid_key_anywhere_fails_the_run_at_two_requests(
@@ -284,7 +291,7 @@ def test_auth_failure_with_no_valid_key_anywhere_fails_the_run_at_two_requests(
     requests = simulator.stats()["requests"]
     assert len(requests) <= 2
     assert len({r["key"] for r in requests}) == 1 and {r["status"] for r in requests} == {401}
-    assert get_store().count_results() == 0
+    assert results_store().results.count() == 0
     ids = [doc_id(t) for t in texts.values()]
     assert statuses(instance, ANALYSIS_RESULTS, ids) == {i: STATUS.FAILED for i in ids}
 
@@ -325,8 +332,8 @@ def test_failing_document_is_traceable_by_task_id_and_no_secret_leaks(
     assert run is not None
     assert TEST_API_KEY not in serialize_value(run.tags)
     assert TEST_API_KEY not in serialize_value(run.run_config)
-    store = get_store()
-    for row in (*store.failure_events(), *store.review_items(status=None)):
+    store = results_store()
+    for row in (*store.events.failures(), *store.reviews.items(status=None)):
         assert TEST_API_KEY not in repr(row)
-    assert all(TEST_API_KEY not in (d["last_error"] or "") for d in store.get_documents())
-    assert store.get_document(target)["last_error"]
+    assert all(TEST_API_KEY not in (d.last_error or "") for d in store.documents.rows())
+    assert store.documents.get(target).last_error  # type: ignore[union-attr]

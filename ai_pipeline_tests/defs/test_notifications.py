@@ -18,27 +18,26 @@ import dagster as dg
 import httpx
 import pytest
 
-from ai_pipeline.cli import main, process_inbox
+from ai_pipeline.cli import main
 from ai_pipeline.defs.assets import ANALYSIS_RESULTS, COMPLETION_NOTICE
-from ai_pipeline.pipeline import NOTIFY_STEP, task_id
-from ai_pipeline.prompts import ANALYSIS
 from ai_pipeline.rehearsal.receiver import ReceiverServer
 from ai_pipeline.rehearsal.receiver_state import ReceiverConfig
-from ai_pipeline.store import get_store
-from ai_pipeline_tests.conftest import TEST_MODEL, kill_when, make_inbox, sample_text
-from ai_pipeline_tests.defs.test_assets import doc_id, statuses, task_of
+from ai_pipeline.tasks import NOTIFY_STEP
+from ai_pipeline_tests.support import (
+    by_id,
+    doc_id,
+    kill_when,
+    make_inbox,
+    notice_key,
+    process_inbox,
+    results_store,
+    sample_text,
+    statuses,
+    task_of,
+)
 
 STATUS = dg.AssetPartitionStatus
 WEBHOOK_ENV = "AI_PIPELINE_WEBHOOK_URL"
-
-
-def notice_key(document_id: str) -> str:
-    """The Idempotency-Key of a document's completion notice: its notice task id."""
-    return task_id(document_id, NOTIFY_STEP, ANALYSIS.version, TEST_MODEL)
-
-
-def by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {d["document_id"]: d for d in report["documents"]}
 
 
 def notice_metadata(instance: dg.DagsterInstance, document_id: str) -> dict[str, Any]:
@@ -71,19 +70,19 @@ def test_two_runs_and_a_forced_reexecution_send_each_notice_once(
     inbox = make_inbox(tmp_path / "inbox", texts)
     ids = [doc_id(t) for t in texts.values()]
 
-    first = process_inbox(inbox, quiet=True)
-    second = process_inbox(inbox, quiet=True)
+    first = process_inbox(inbox)
+    second = process_inbox(inbox)
     result = rerun_range(instance)
 
     assert first["counts"]["by_state"] == {"COMPLETED": 2}
     assert second["runs"] == [], "nothing left to do on the second run"
     assert result.success
-    store = get_store()
+    store = results_store()
     for d in ids:
         key = notice_key(d)
         assert webhook_receiver.accepted(key) == 1
         assert webhook_receiver.requests_for(key) == 1
-        assert store.get_checkpoint(key) == {"status": 201, "duplicate": False, "attempts": 1}
+        assert store.checkpoints.get(key) == {"status": 201, "duplicate": False, "attempts": 1}
         assert simulator.requests_for(task_of(d)) == 1
     stats = webhook_receiver.stats()
     assert stats["requests"] == 2 and stats["by_status"] == {"201": 2}
@@ -104,13 +103,17 @@ def test_503_then_201_is_one_notice_after_one_retry(
     key = notice_key(d)
     webhook_receiver.set_faults([{"kind": "status", "status": 503, "times": 1, "match": key}])
 
-    report = process_inbox(inbox, quiet=True)
+    report = process_inbox(inbox)
 
     assert by_id(report)[d]["state"] == "COMPLETED"
     assert webhook_receiver.accepted(key) == 1
     assert webhook_receiver.requests_for(key) == 2
     assert webhook_receiver.stats()["by_status"] == {"503": 1, "201": 1}
-    assert get_store().get_checkpoint(key) == {"status": 201, "duplicate": False, "attempts": 2}
+    assert results_store().checkpoints.get(key) == {
+        "status": 201,
+        "duplicate": False,
+        "attempts": 2,
+    }
     assert statuses(instance, COMPLETION_NOTICE, [d]) == {d: STATUS.MATERIALIZED}
 
 
@@ -126,17 +129,17 @@ def test_409_for_our_key_is_a_duplicate_treated_as_done(
     seeded = httpx.post(webhook_receiver.url, json=earlier, headers={"Idempotency-Key": key})
     assert seeded.status_code == 201
 
-    report = process_inbox(inbox, quiet=True)
+    report = process_inbox(inbox)
 
     assert by_id(report)[d]["state"] == "COMPLETED"
-    assert get_store().get_checkpoint(key) == {"status": 409, "duplicate": True, "attempts": 1}
+    assert results_store().checkpoints.get(key) == {"status": 409, "duplicate": True, "attempts": 1}
     assert webhook_receiver.accepted(key) == 1
     assert webhook_receiver.requests_for(key) == 2
     assert [n["body"] for n in webhook_receiver.stats()["notices"]] == [earlier]
     assert statuses(instance, COMPLETION_NOTICE, [d]) == {d: STATUS.MATERIALIZED}
     meta = notice_metadata(instance, d)
     assert (meta["sent"], meta["status"], meta["duplicate"]) == (True, 409, True)
-    assert get_store().failure_events(d) == []
+    assert results_store().events.failures(d) == []
 
 
 def test_business_rejection_goes_to_review_and_5xx_ends_as_network_timeout(
@@ -163,26 +166,26 @@ def test_business_rejection_goes_to_review_and_5xx_ends_as_network_timeout(
         ]
     )
 
-    report = process_inbox(inbox, quiet=True)
+    report = process_inbox(inbox)
 
     docs = by_id(report)
-    store = get_store()
+    store = results_store()
     # 422: never retried, a person decides.
     assert (docs[rejected]["state"], docs[rejected]["category"]) == ("FAILED", "BUSINESS_REJECTED")
     assert webhook_receiver.requests_for(notice_key(rejected)) == 1
     assert webhook_receiver.accepted(notice_key(rejected)) == 0
-    review = store.get_review(rejected)
-    assert review is not None and review["status"] == "open"
-    assert review["category"] == "BUSINESS_REJECTED"
-    assert "INSUFFICIENT_BALANCE" in review["error"] and "422" in review["error"]
+    review = store.reviews.get(rejected)
+    assert review is not None and review.status == "open"
+    assert review.category == "BUSINESS_REJECTED"
+    assert "INSUFFICIENT_BALANCE" in review.error and "422" in review.error
     # Persistent 503: the network rule, two retries under the same key, then NETWORK_TIMEOUT.
     assert (docs[down]["state"], docs[down]["category"]) == ("FAILED", "NETWORK_TIMEOUT")
     assert webhook_receiver.requests_for(notice_key(down)) == 3
     assert webhook_receiver.accepted(notice_key(down)) == 0
-    assert store.get_review(down) is None
+    assert store.reviews.get(down) is None
     # Neither failure leaves a notice checkpoint; the healthy document got its notice.
-    assert store.get_checkpoint(notice_key(rejected)) is None
-    assert store.get_checkpoint(notice_key(down)) is None
+    assert store.checkpoints.get(notice_key(rejected)) is None
+    assert store.checkpoints.get(notice_key(down)) is None
     assert docs[ok]["state"] == "COMPLETED"
     assert webhook_receiver.accepted(notice_key(ok)) == 1
     assert webhook_receiver.stats()["accepted_by_key"] == {notice_key(ok): 1}
@@ -200,9 +203,9 @@ def test_business_rejection_goes_to_review_and_5xx_ends_as_network_timeout(
 KILL_SCRIPT = textwrap.dedent(
     """
     import sys, time
-    import ai_pipeline.store as store_module
+    import ai_pipeline.store.checkpoints as checkpoints_module
 
-    original = store_module.Store.put_checkpoint
+    original = checkpoints_module.Checkpoints.put
 
     def stall_after_notice(self, task_id, document_id, step, payload):
         # The notice has been POSTed and answered; stall before its checkpoint is written so that
@@ -211,7 +214,7 @@ KILL_SCRIPT = textwrap.dedent(
             time.sleep(600)
         return original(self, task_id, document_id, step, payload)
 
-    store_module.Store.put_checkpoint = stall_after_notice
+    checkpoints_module.Checkpoints.put = stall_after_notice
     from ai_pipeline.cli import main
     sys.exit(main(["run", "--inbox", sys.argv[1], "--json"]))
     """
@@ -226,7 +229,7 @@ def test_sigkill_between_post_and_checkpoint_is_a_409_on_resume(
     inbox = make_inbox(tmp_path / "inbox", {"one.txt": text})
     d = doc_id(text)
     key = notice_key(d)
-    store = get_store()
+    store = results_store()
     kill_when(
         KILL_SCRIPT,
         [str(inbox)],
@@ -235,17 +238,17 @@ def test_sigkill_between_post_and_checkpoint_is_a_409_on_resume(
         settle=0.3,  # the 201 reaches the client, which then stalls in put_checkpoint
     )
     assert webhook_receiver.accepted(key) == 1
-    assert store.get_checkpoint(key) is None, "killed before the local checkpoint"
-    assert store.get_document(d)["state"] == "RUNNING"  # type: ignore[index]
+    assert store.checkpoints.get(key) is None, "killed before the local checkpoint"
+    assert store.documents.get(d).state == "RUNNING"  # type: ignore[union-attr]
 
-    report = process_inbox(inbox, quiet=True)
+    report = process_inbox(inbox)
 
     assert by_id(report)[d]["state"] == "COMPLETED"
     assert webhook_receiver.accepted(key) == 1
     assert webhook_receiver.requests_for(key) == 2
     assert webhook_receiver.stats()["by_status"] == {"201": 1, "409": 1}
-    assert store.get_checkpoint(key) == {"status": 409, "duplicate": True, "attempts": 1}
-    assert [r["document_id"] for r in store.get_results()] == [d]
+    assert store.checkpoints.get(key) == {"status": 409, "duplicate": True, "attempts": 1}
+    assert [r.document_id for r in store.results.get()] == [d]
     assert simulator.requests_for(task_of(d)) == 1, "the LLM answer was checkpointed"
     assert statuses(instance, COMPLETION_NOTICE, [d]) == {d: STATUS.MATERIALIZED}
 
@@ -268,9 +271,9 @@ def test_no_notice_for_a_document_that_failed_a_check(
         ]
     )
 
-    first = process_inbox(inbox, quiet=True)
+    first = process_inbox(inbox)
     simulator.set_faults([])
-    again = process_inbox(inbox, quiet=True)
+    again = process_inbox(inbox)
 
     for report in (first, again):
         docs = by_id(report)
@@ -282,7 +285,7 @@ def test_no_notice_for_a_document_that_failed_a_check(
         assert docs[ok]["state"] == "COMPLETED"
     for d in (refused, invented):
         assert webhook_receiver.requests_for(notice_key(d)) == 0
-        assert get_store().get_checkpoint(notice_key(d)) is None
+        assert results_store().checkpoints.get(notice_key(d)) is None
         assert simulator.requests_for(task_of(d)) == 1, "the failed answer is checkpointed"
     assert webhook_receiver.stats()["requests_by_key"] == {notice_key(ok): 1}
     assert webhook_receiver.accepted(notice_key(ok)) == 1
@@ -300,18 +303,18 @@ def test_no_notice_for_a_document_rejected_by_a_reviewer(
     inbox = make_inbox(tmp_path / "inbox", texts)
     d = doc_id(texts["bad-scan.txt"])
     simulator.set_faults([{"kind": "status", "status": 400, "match": "Smudged scan"}])
-    process_inbox(inbox, quiet=True)
+    process_inbox(inbox)
     assert main(["review", "reject", d, "--reason", "文件损坏", "--by", "qa", "--json"]) == 0
     capsys.readouterr()
 
     simulator.set_faults([])
-    report = process_inbox(inbox, quiet=True)
+    report = process_inbox(inbox)
 
     # (notices POSTed for it, its state, its results rows)
     observed = (
         webhook_receiver.requests_for(notice_key(d)),
         by_id(report)[d]["state"],
-        len(get_store().get_results([d])),
+        len(results_store().results.get([d])),
     )
     assert observed == (0, "FAILED", 0)
 
@@ -328,7 +331,7 @@ def test_no_webhook_configured_materializes_the_notice_as_not_sent(
     inbox = make_inbox(tmp_path / "inbox", {"one.txt": text})
     d = doc_id(text)
     with ReceiverServer() as idle:
-        report = process_inbox(inbox, quiet=True)
+        report = process_inbox(inbox)
         assert idle.stats()["requests"] == 0
 
     assert by_id(report)[d]["state"] == "COMPLETED"
@@ -336,7 +339,7 @@ def test_no_webhook_configured_materializes_the_notice_as_not_sent(
     meta = notice_metadata(instance, d)
     assert meta["sent"] is False
     assert "AI_PIPELINE_WEBHOOK_URL" in meta["reason"]
-    assert get_store().count_checkpoints(NOTIFY_STEP) == 0
+    assert results_store().checkpoints.count(NOTIFY_STEP) == 0
 
 
 # --- seed 002 §5.3 幂等性验证 (idempotency checklist) --------------------------------------------
@@ -350,11 +353,11 @@ def test_seed_5_3_1_same_task_id_twice_second_gets_409_and_one_record_exists(
     inbox = make_inbox(tmp_path / "inbox", {"one.txt": text})
     d = doc_id(text)
     key = notice_key(d)
-    process_inbox(inbox, quiet=True)
+    process_inbox(inbox)
     assert webhook_receiver.accepted(key) == 1
-    store = get_store()
+    store = results_store()
     # Lose our record of the delivery, so that the next run sends the same task id again.
-    assert store.delete_checkpoint(key)
+    assert store.checkpoints.delete(key)
 
     result = rerun_range(instance)
 
@@ -363,10 +366,10 @@ def test_seed_5_3_1_same_task_id_twice_second_gets_409_and_one_record_exists(
     assert webhook_receiver.stats()["by_status"] == {"201": 1, "409": 1}
     assert webhook_receiver.accepted(key) == 1
     assert [n["key"] for n in webhook_receiver.stats()["notices"]] == [key]
-    assert store.get_checkpoint(key) == {"status": 409, "duplicate": True, "attempts": 1}
-    assert store.get_document(d)["state"] == "COMPLETED"  # type: ignore[index]
-    assert store.count_results() == 1
-    assert [r["document_id"] for r in store.get_results()] == [d]
+    assert store.checkpoints.get(key) == {"status": 409, "duplicate": True, "attempts": 1}
+    assert store.documents.get(d).state == "COMPLETED"  # type: ignore[union-attr]
+    assert store.results.count() == 1
+    assert [r.document_id for r in store.results.get()] == [d]
 
 
 def test_seed_5_3_3_downstream_restarted_after_first_request_still_recognises_the_key(
@@ -397,22 +400,22 @@ def test_seed_5_3_3_downstream_restarted_after_first_request_still_recognises_th
     stopper = threading.Thread(target=stop_after_first_notice, daemon=True)
     stopper.start()
     try:
-        down = process_inbox(inbox, quiet=True)
+        down = process_inbox(inbox)
     finally:
         stopper.join(timeout=30)
         first.stop()
     assert (by_id(down)[d]["state"], by_id(down)[d]["category"]) == ("FAILED", "NETWORK_TIMEOUT")
-    assert get_store().get_checkpoint(key) is None
+    assert results_store().checkpoints.get(key) is None
 
     with ReceiverServer(ReceiverConfig(state_file=str(state_file)), port=port) as restarted:
         assert restarted.url == first.url
         assert restarted.accepted(key) == 1, "the restarted receiver read its state file"
-        report = process_inbox(inbox, quiet=True)
+        report = process_inbox(inbox)
 
         assert by_id(report)[d]["state"] == "COMPLETED"
         assert restarted.requests_for(key) == 1
         assert restarted.stats()["by_status"] == {"409": 1}
         assert restarted.accepted(key) == 1
-    assert get_store().get_checkpoint(key) == {"status": 409, "duplicate": True, "attempts": 1}
+    assert results_store().checkpoints.get(key) == {"status": 409, "duplicate": True, "attempts": 1}
     assert simulator.requests_for(task_of(d)) == 1
-    assert get_store().count_results() == 1
+    assert results_store().results.count() == 1

@@ -9,10 +9,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from ai_pipeline.cli import main, process_inbox
+from ai_pipeline.cli import main
 from ai_pipeline.definitions import defs
-from ai_pipeline_tests.conftest import make_inbox, sample_text
-from ai_pipeline_tests.defs.test_assets import doc_id, task_of
+from ai_pipeline_tests.support import doc_id, make_inbox, process_inbox, sample_text, task_of
 
 
 def test_report_counts_failures_and_tokens_in_the_asset_and_the_cli(
@@ -29,7 +28,7 @@ def test_report_counts_failures_and_tokens_in_the_asset_and_the_cli(
     simulator.set_faults(
         [{"kind": "status", "status": 503, "match": task_of(doc_id(sample_text(950)))}]
     )
-    process_inbox(inbox, quiet=True)
+    process_inbox(inbox)
 
     capsys.readouterr()
     assert main(["report", "--json"]) == 0

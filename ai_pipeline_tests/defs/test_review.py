@@ -15,15 +15,23 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from ai_pipeline.cli import main, process_inbox
+from ai_pipeline.cli import main
 from ai_pipeline.defs.assets import ANALYSIS_RESULTS, COMPLETION_NOTICE
 from ai_pipeline.documents import normalise_text
-from ai_pipeline.pipeline import MANUAL_OVERRIDE_SUCCESS
 from ai_pipeline.rehearsal.receiver import ReceiverServer
-from ai_pipeline.store import get_store
-from ai_pipeline_tests.conftest import make_inbox, sample_text, user_messages
-from ai_pipeline_tests.defs.test_assets import doc_id, statuses, task_of
-from ai_pipeline_tests.defs.test_notifications import by_id, notice_key
+from ai_pipeline.review import MANUAL_OVERRIDE_SUCCESS
+from ai_pipeline_tests.support import (
+    by_id,
+    doc_id,
+    make_inbox,
+    notice_key,
+    process_inbox,
+    results_store,
+    sample_text,
+    statuses,
+    task_of,
+    user_messages,
+)
 
 STATUS = dg.AssetPartitionStatus
 REJECTION_ZH = "您的材料存在文件损坏问题，请修正后重新提交"
@@ -45,7 +53,7 @@ def cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
 
 
 def events(document_id: str) -> list[str]:
-    return [h["event"] for h in get_store().history(document_id)]
+    return [h.event for h in results_store().events.history(document_id)]
 
 
 def test_input_quality_issue_listed_then_approved_under_the_original_task_id(
@@ -61,7 +69,7 @@ def test_input_quality_issue_listed_then_approved_under_the_original_task_id(
     d, ok = doc_id(text), doc_id(sample_text(202))
     task = task_of(d)
     simulator.set_faults([{"kind": "status", "status": 400, "match": "Blurred scan"}])
-    first = process_inbox(inbox, quiet=True)
+    first = process_inbox(inbox)
     assert (by_id(first)[d]["state"], by_id(first)[d]["category"]) == (
         "FAILED",
         "INPUT_QUALITY_ISSUE",
@@ -91,13 +99,13 @@ def test_input_quality_issue_listed_then_approved_under_the_original_task_id(
     assert code == 0
     assert simulator.requests_for(task) == 2, "one new request under the original task id"
     assert simulator.requests_for(task_of(ok)) == 1
-    assert get_store().get_document(d)["state"] == "COMPLETED"  # type: ignore[index]
+    assert results_store().documents.get(d).state == "COMPLETED"  # type: ignore[union-attr]
     history = events(d)
     assert history.index("REVIEW_APPROVED") < history.index(MANUAL_OVERRIDE_SUCCESS)
     assert [h["event"] for h in approved["history"]] == history
-    review = get_store().get_review(d)
+    review = results_store().reviews.get(d)
     assert review is not None
-    assert (review["status"], review["decision"], review["decided_by"]) == (
+    assert (review.status, review.decision, review.decided_by) == (
         "resolved",
         "retry",
         "qa-reviewer",
@@ -109,7 +117,7 @@ def test_input_quality_issue_listed_then_approved_under_the_original_task_id(
     assert len(override_lines) == 1 and override_lines[0].startswith(f"[TASK:{task}]")
     assert webhook_receiver.accepted(notice_key(d)) == 1
     assert webhook_receiver.requests_for(notice_key(d)) == 1
-    assert [r["document_id"] for r in get_store().get_results([d])] == [d]
+    assert [r.document_id for r in results_store().results.get([d])] == [d]
     assert cli_json(capsys, "review", "list")[1]["count"] == 0
 
 
@@ -130,16 +138,16 @@ def test_model_layer_failure_needs_a_mode_then_accept_output_or_retry(
             {"kind": "low_confidence", "match": task_of(retry)},
         ]
     )
-    report = process_inbox(inbox, quiet=True)
+    report = process_inbox(inbox)
     assert {by_id(report)[d]["category"] for d in (accept, retry)} == {"LOW_CONFIDENCE"}
-    store = get_store()
+    store = results_store()
 
     # No mode: a usage error that says what to choose; nothing changes.
     code, out, err = cli(capsys, "review", "approve", accept, "--by", "qa")
     assert code == 2
     assert "model-layer failure" in err and "--accept-output" in err and "--retry" in err
-    assert store.get_review(accept)["status"] == "open"  # type: ignore[index]
-    assert store.get_document(accept)["state"] == "FAILED"  # type: ignore[index]
+    assert store.reviews.get(accept).status == "open"  # type: ignore[union-attr]
+    assert store.documents.get(accept).state == "FAILED"  # type: ignore[union-attr]
 
     # --accept-output: the stored answer is used as it is, the override recorded.
     code, _ = cli_json(
@@ -147,13 +155,13 @@ def test_model_layer_failure_needs_a_mode_then_accept_output_or_retry(
     )
     assert code == 0
     assert simulator.requests_for(task_of(accept)) == 1, "no new LLM request"
-    assert store.get_document(accept)["state"] == "COMPLETED"  # type: ignore[index]
-    override = store.get_override(task_of(accept))
+    assert store.documents.get(accept).state == "COMPLETED"  # type: ignore[union-attr]
+    override = store.reviews.override(task_of(accept))
     assert override is not None
-    assert (override["decided_by"], override["note"]) == ("qa", "checked")
+    assert (override.decided_by, override.note) == ("qa", "checked")
     assert MANUAL_OVERRIDE_SUCCESS in events(accept)
-    (row,) = store.get_results([accept])
-    assert row["confidence"] == pytest.approx(0.42)
+    (row,) = store.results.get([accept])
+    assert row.confidence == pytest.approx(0.42)
     assert webhook_receiver.accepted(notice_key(accept)) == 1
     assert webhook_receiver.requests_for(notice_key(accept)) == 1
 
@@ -164,11 +172,11 @@ def test_model_layer_failure_needs_a_mode_then_accept_output_or_retry(
     assert simulator.requests_for(task_of(retry)) == 2
     history = events(retry)
     assert history.index("CHECKPOINT_DISCARDED") < history.index(MANUAL_OVERRIDE_SUCCESS)
-    assert store.get_document(retry)["state"] == "COMPLETED"  # type: ignore[index]
-    assert store.get_override(task_of(retry)) is None
-    assert store.get_checkpoint(task_of(retry)) is not None
-    (row,) = store.get_results([retry])
-    assert row["confidence"] >= 0.75
+    assert store.documents.get(retry).state == "COMPLETED"  # type: ignore[union-attr]
+    assert store.reviews.override(task_of(retry)) is None
+    assert store.checkpoints.get(task_of(retry)) is not None
+    (row,) = store.results.get([retry])
+    assert row.confidence >= 0.75
     assert webhook_receiver.accepted(notice_key(retry)) == 1
     assert webhook_receiver.requests_for(notice_key(retry)) == 1
     assert webhook_receiver.stats()["requests"] == 2
@@ -186,7 +194,7 @@ def _reject_corrupt_file(
     inbox = make_inbox(
         tmp_path / "inbox", {"contract.pdf": CORRUPT_PDF, "ok.txt": sample_text(221)}
     )
-    report = process_inbox(inbox, quiet=True)
+    report = process_inbox(inbox)
     (d,) = [r["document_id"] for r in report["documents"] if r["source"].endswith("contract.pdf")]
     assert (by_id(report)[d]["state"], by_id(report)[d]["category"]) == (
         "FAILED",
@@ -208,20 +216,21 @@ def test_reject_sends_the_standard_message_and_triggers_nothing_downstream(
     d, rejected = _reject_corrupt_file(simulator, tmp_path, capsys)
 
     assert rejected == {"document_id": d, "message_zh": REJECTION_ZH, "message_en": REJECTION_EN}
-    store = get_store()
-    (message,) = store.messages(d)
-    assert (message["reason"], message["message_zh"], message["message_en"]) == (
+    store = results_store()
+    (message,) = store.reviews.messages(d)
+    assert (message.reason, message.message_zh, message.message_en) == (
         "文件损坏",
         REJECTION_ZH,
         REJECTION_EN,
     )
-    assert Path(message["source"]).name == "contract.pdf"
-    doc = store.get_document(d)
-    assert doc is not None and doc["state"] == "FAILED"
-    assert REJECTION_ZH in doc["status_message"] and REJECTION_EN in doc["status_message"]
-    review = store.get_review(d)
+    assert Path(message.source).name == "contract.pdf"
+    doc = store.documents.get(d)
+    assert doc is not None and doc.state == "FAILED" and doc.rejected_by_reviewer
+    assert doc.status_message and REJECTION_ZH in doc.status_message
+    assert REJECTION_EN in doc.status_message
+    review = store.reviews.get(d)
     assert review is not None
-    assert (review["status"], review["decision"], review["note"]) == (
+    assert (review.status, review.decision, review.note) == (
         "rejected",
         "reject",
         "文件损坏",
@@ -230,7 +239,7 @@ def test_reject_sends_the_standard_message_and_triggers_nothing_downstream(
 
     # Nothing downstream: no notice, no results row, no LLM call for it.
     assert webhook_receiver.requests_for(notice_key(d)) == 0
-    assert store.get_results([d]) == []
+    assert store.results.get([d]) == []
     assert simulator.requests_for(task_of(d)) == 0
     assert simulator.stats()["total"] == 1, "only the healthy document was analysed"
     assert statuses(instance, ANALYSIS_RESULTS, [d]) == {d: STATUS.FAILED}
@@ -273,30 +282,30 @@ def test_hallucination_is_quarantined_reviewed_and_never_stored_or_notified(
     h, ok = doc_id(texts["invented.txt"]), doc_id(texts["ok.txt"])
     simulator.set_faults([{"kind": "hallucinate", "match": task_of(h)}])
 
-    report = process_inbox(inbox, quiet=True)
+    report = process_inbox(inbox)
 
     assert (by_id(report)[h]["state"], by_id(report)[h]["category"]) == (
         "FAILED",
         "MODEL_HALLUCINATION",
     )
-    store = get_store()
-    (kept,) = store.quarantined(h)
-    assert kept["task_id"] == task_of(h)
-    entities = json.loads(kept["output"])["entities"]
+    store = results_store()
+    (kept,) = store.reviews.quarantined(h)
+    assert kept.task_id == task_of(h)
+    entities = json.loads(kept.output)["entities"]
     invented = [e for e in entities if e not in texts["invented.txt"]]
     assert "Globex Corporation" in invented
-    assert all(name in kept["reason"] for name in invented)
-    review = store.get_review(h)
+    assert all(name in kept.reason for name in invented)
+    review = store.reviews.get(h)
     assert review is not None
-    assert (review["category"], review["status"], review["task_id"]) == (
+    assert (review.category, review.status, review.task_id) == (
         "MODEL_HALLUCINATION",
         "open",
         task_of(h),
     )
-    assert store.get_results([h]) == []
+    assert store.results.get([h]) == []
     assert webhook_receiver.requests_for(notice_key(h)) == 0
     assert webhook_receiver.stats()["requests_by_key"] == {notice_key(ok): 1}
-    assert store.quarantined(ok) == []
+    assert store.reviews.quarantined(ok) == []
 
 
 def test_dead_letter_after_the_retry_budget_then_requeue(
@@ -312,12 +321,12 @@ def test_dead_letter_after_the_retry_budget_then_requeue(
     inbox = make_inbox(tmp_path / "inbox", texts)
     d, ok = doc_id(texts["flaky.txt"]), doc_id(texts["ok.txt"])
     simulator.set_faults([{"kind": "status", "status": 503, "match": task_of(d)}])
-    store = get_store()
+    store = results_store()
 
-    first = process_inbox(inbox, quiet=True)
+    first = process_inbox(inbox)
     assert (by_id(first)[d]["state"], by_id(first)[d]["attempts"]) == ("FAILED", 1)
     assert "DEAD_LETTER" not in events(d)
-    second = process_inbox(inbox, quiet=True)
+    second = process_inbox(inbox)
 
     assert (by_id(second)[d]["state"], by_id(second)[d]["category"]) == (
         "DEAD_LETTER",
@@ -336,16 +345,16 @@ def test_dead_letter_after_the_retry_budget_then_requeue(
     code, out, _ = cli(capsys, "requeue", d, ok, "--by", "ops")
     assert code == 0
     assert "requeued" in out and "not in the dead letter" in out
-    doc = store.get_document(d)
-    assert doc is not None and (doc["state"], doc["attempts"]) == ("QUEUED", 0)
+    doc = store.documents.get(d)
+    assert doc is not None and (doc.state, doc.attempts) == ("QUEUED", 0)
     assert events(d)[-1] == "REQUEUED"
-    assert store.get_document(ok)["state"] == "COMPLETED"  # type: ignore[index]
+    assert store.documents.get(ok).state == "COMPLETED"  # type: ignore[union-attr]
     assert "REQUEUED" not in events(ok)
 
     simulator.set_faults([])
-    third = process_inbox(inbox, quiet=True)
+    third = process_inbox(inbox)
 
     assert by_id(third)[d]["state"] == "COMPLETED"
     assert simulator.requests_for(task_of(d)) == 7
     assert simulator.requests_for(task_of(ok)) == 1
-    assert [r["document_id"] for r in store.get_results([d])] == [d]
+    assert [r.document_id for r in store.results.get([d])] == [d]

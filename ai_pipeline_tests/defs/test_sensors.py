@@ -16,16 +16,20 @@ from ai_pipeline.defs.assets import ANALYSIS_RESULTS
 from ai_pipeline.defs.jobs import ANALYSIS_JOB_NAME
 from ai_pipeline.defs.partitions import documents_partitions
 from ai_pipeline.defs.resources import PipelineSettings, ResultsStore
-from ai_pipeline.defs.sensors import inbox_sensor
 from ai_pipeline.documents import content_id
-from ai_pipeline.store import get_store
-from ai_pipeline_tests.conftest import make_inbox, sample_text
 from ai_pipeline_tests.dagster_procs import DagsterProcess, wait_for
-from ai_pipeline_tests.defs.test_assets import STATUS, doc_id, statuses, task_of
-
-RANGE_START = "dagster/asset_partition_range_start"
-RANGE_END = "dagster/asset_partition_range_end"
-
+from ai_pipeline_tests.support import (
+    RANGE_END,
+    RANGE_START,
+    STATUS,
+    TERMINAL,
+    doc_id,
+    make_inbox,
+    results_store,
+    sample_text,
+    statuses,
+    task_of,
+)
 
 # --- the sensor function, called directly --------------------------------------------------------
 
@@ -48,7 +52,9 @@ def call_sensor(
             "results_store": ResultsStore(),
         },
     )
-    return inbox_sensor(context)
+    from ai_pipeline.definitions import defs
+
+    return defs.get_repository_def().get_sensor_def("inbox_sensor")(context)
 
 
 def added_keys(result: dg.SensorResult) -> list[str]:
@@ -98,10 +104,10 @@ def test_new_files_become_partitions_and_range_runs(
     assert [n for _, _, n in run_ranges(result)] == [10, 10, 3]
     assert len({r.run_key for r in result.run_requests or []}) == 3
     assert result.cursor
-    store = get_store()
-    docs = {d["document_id"]: d for d in store.get_documents()}
+    store = results_store()
+    docs = {d.document_id: d for d in store.documents.rows()}
     assert set(docs) == set(ids)
-    assert {d["state"] for d in docs.values()} == {"QUEUED"}
+    assert {d.state for d in docs.values()} == {"QUEUED"}
 
     # The same tick again (same cursor, nothing new): nothing to do.
     again = call_sensor(instance, inbox, cursor=result.cursor)
@@ -131,9 +137,9 @@ def test_copy_of_known_content_records_an_alias_and_launches_nothing(
     assert second.skip_reason is not None
     assert second.cursor and second.cursor != first.cursor
     the_id = doc_id(texts["a1.txt"])
-    sources = get_store().sources([the_id])[the_id]
+    sources = results_store().documents.sources([the_id])[the_id]
     assert [Path(s).name for s in sources] == ["a1.txt", "copy-of-a1.txt"]
-    assert len(get_store().get_documents()) == 3
+    assert len(results_store().documents.rows()) == 3
     # With the new cursor, the copy is not seen again.
     third = call_sensor(instance, inbox, cursor=second.cursor)
     assert isinstance(third, dg.SkipReason)
@@ -161,9 +167,9 @@ def test_unreadable_files_are_registered_and_run(
     assert isinstance(result, dg.SensorResult)
     assert added_keys(result) == ids
     assert run_ranges(result) == [(empty_id, doc_id(good), 3)]
-    store = get_store()
-    assert "empty" in store.get_document(empty_id)["rejected_reason"]
-    assert "UTF-8" in store.get_document(latin_id)["rejected_reason"]
+    store = results_store()
+    assert "empty" in (store.documents.get(empty_id).rejected_reason or "")  # type: ignore[union-attr]
+    assert "UTF-8" in (store.documents.get(latin_id).rejected_reason or "")  # type: ignore[union-attr]
 
     # Run the requested run as the daemon would launch it: the bad files fail, the good one passes.
     from ai_pipeline.definitions import defs
@@ -174,13 +180,13 @@ def test_unreadable_files_are_registered_and_run(
         instance=instance, tags=request.tags, raise_on_error=False
     )
     assert not run.success
-    docs = {d["document_id"]: d for d in store.get_documents()}
-    assert {i: (docs[i]["state"], docs[i]["category"]) for i in ids} == {
+    docs = {d.document_id: d for d in store.documents.rows()}
+    assert {i: (docs[i].state, docs[i].category) for i in ids} == {
         empty_id: ("FAILED", "INPUT_QUALITY_ISSUE"),
         latin_id: ("FAILED", "INPUT_QUALITY_ISSUE"),
         doc_id(good): ("COMPLETED", None),
     }
-    assert [r["document_id"] for r in store.get_results()] == [doc_id(good)]
+    assert [r.document_id for r in store.results.get()] == [doc_id(good)]
     assert simulator.stats()["total"] == 1
     assert simulator.requests_for(task_of(doc_id(good))) == 1
 
@@ -247,7 +253,6 @@ def test_no_inbox_configured_skips(
 
 SENSOR_INTERVAL_SECONDS = 2
 DOCUMENTS_PER_RUN = 10
-TERMINAL = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
 
 def drop(inbox: Path, staging: Path, files: dict[str, str]) -> None:
@@ -307,7 +312,7 @@ def test_daemon_sensor_launches_each_document_once(
     monkeypatch.setenv("AI_PIPELINE_SENSOR_INTERVAL", str(SENSOR_INTERVAL_SECONDS))
     monkeypatch.setenv("AI_PIPELINE_DOCUMENTS_PER_RUN", str(DOCUMENTS_PER_RUN))
     monkeypatch.setenv("AI_PIPELINE_SETTLE_SECONDS", "0.5")
-    store = get_store()
+    store = results_store()
 
     first = {f"first-{i:02d}.txt": sample_text(1000 + i) for i in range(25)}
     first_ids = [doc_id(t) for t in first.values()]
@@ -332,8 +337,8 @@ def test_daemon_sensor_launches_each_document_once(
     )
     assert {simulator.requests_for(task_of(i)) for i in first_ids} == {1}
     assert simulator.stats()["total"] == 25
-    assert sorted(r["document_id"] for r in store.get_results()) == sorted(first_ids)
-    assert {d["state"] for d in store.get_documents()} == {"COMPLETED"}
+    assert sorted(r.document_id for r in store.results.get()) == sorted(first_ids)
+    assert {d.state for d in store.documents.rows()} == {"COMPLETED"}
 
     # A second drop: only the new files are analysed, in one more run.
     second = {f"second-{i}.txt": sample_text(2000 + i) for i in range(5)}
@@ -351,7 +356,7 @@ def test_daemon_sensor_launches_each_document_once(
     assert (new_run.tags[RANGE_START], new_run.tags[RANGE_END]) == (second_ids[0], second_ids[-1])
     assert {simulator.requests_for(task_of(i)) for i in first_ids + second_ids} == {1}
     assert simulator.stats()["total"] == 30
-    assert store.count_results() == 30
+    assert store.results.count() == 30
 
     # A byte-identical copy under a new name: an alias, no run, no LLM call.
     copied_at = time.time()
@@ -375,9 +380,9 @@ def test_daemon_sensor_launches_each_document_once(
 
     assert len(analysis_runs(instance)) == 4
     assert simulator.stats()["total"] == 30
-    assert store.count_results() == 30
+    assert store.results.count() == 30
     copied = first_ids[3]
-    assert [Path(s).name for s in store.sources([copied])[copied]] == [
+    assert [Path(s).name for s in store.documents.sources([copied])[copied]] == [
         "first-03.txt",
         "copy-of-first-03.txt",
     ]

@@ -18,13 +18,21 @@ import dagster as dg
 import pytest
 from dagster._core.execution.backfill import BULK_ACTION_TERMINAL_STATUSES, BulkActionStatus
 
-from ai_pipeline.cli import process_inbox
 from ai_pipeline.defs.assets import ANALYSIS_RESULTS
 from ai_pipeline.defs.partitions import documents_partitions
-from ai_pipeline_tests.conftest import make_inbox, sample_text
 from ai_pipeline_tests.dagster_procs import DagsterProcess, running, wait_for
-from ai_pipeline_tests.defs.test_assets import STATUS, doc_id, statuses, task_of
-from ai_pipeline_tests.defs.test_sensors import RANGE_END, RANGE_START, TERMINAL
+from ai_pipeline_tests.support import (
+    RANGE_END,
+    RANGE_START,
+    STATUS,
+    TERMINAL,
+    doc_id,
+    make_inbox,
+    process_inbox,
+    sample_text,
+    statuses,
+    task_of,
+)
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -148,7 +156,7 @@ def test_ui_backfill_of_failed_reruns_exactly_the_failed(
     assert len(set(keys)) == 10
     simulator.set_faults([{"kind": "status", "status": 503, "match": FAULT_MARKER}])
 
-    process_inbox(inbox, quiet=True)
+    process_inbox(inbox)
 
     assert statuses(instance, ANALYSIS_RESULTS, keys) == {k: STATUS.MATERIALIZED for k in good} | {
         k: STATUS.FAILED for k in bad

@@ -1,21 +1,22 @@
-"""The analysis of a batch of documents, stage by stage, with a checkpoint before every effect.
+"""The analysis of one document, stage by stage, with a checkpoint before every effect.
 
 One document goes through five stages, each of which is an asset in Dagster:
 
 ``document_text`` → ``llm_analysis`` → ``validated_analysis`` → ``analysis_results`` →
-``completion_notice`` (only when a webhook is configured)
+``completion_notice`` (only sends when a webhook is configured)
 
-The batch runs its documents concurrently (bounded by the LLM client) and reports, per document
-and per stage, what happened as plain ``StageDone``/``StageFailed`` events; the Dagster step in
-``ai_pipeline.defs.assets`` turns them into materializations and check evaluations. Nothing here
-imports Dagster, so the same code serves the CLI, the benchmark and the tests.
+:class:`Analyser` reports, per document and per stage, what happened as plain
+``StageDone``/``StageFailed`` events; ``ai_pipeline.batch`` runs many documents concurrently and the
+Dagster step in ``ai_pipeline.defs.assets`` turns the events into materializations and check
+evaluations. Nothing here imports Dagster, so the same code serves the CLI, the benchmark and the
+tests.
 
 The rules that make a rerun safe:
 
 - the LLM is called only when no checkpoint exists for the task id, and its reply is stored before
   anything else is done with it;
-- results are upserted (one row per document, ever), through the callable the caller passes in —
-  the results IO manager's own upsert;
+- results are upserted (one row per document, ever), through the writer the caller passes in —
+  the results IO manager;
 - a completion notice is sent only when no checkpoint exists for its own task id, with that id as
   ``Idempotency-Key``, and never for a document that failed a check;
 - a document's state moves only along the transitions of ``ai_pipeline.states``; a document that
@@ -24,12 +25,8 @@ The rules that make a rerun safe:
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import logging
-import queue
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,9 +34,13 @@ from ai_pipeline.failures import Category, ClassifiedError
 from ai_pipeline.llm import LLMClient, LLMReply
 from ai_pipeline.notify import Notifier
 from ai_pipeline.redaction import redact
+from ai_pipeline.retry import Log
+from ai_pipeline.review import resolve_if_approved, send_to_review
 from ai_pipeline.schema import DEFAULT_MIN_CONFIDENCE, CheckOutcome, evaluate
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
+from ai_pipeline.store.rows import ResultRow, StoredDocument
+from ai_pipeline.tasks import ANALYSE_STEP, NOTIFY_STEP, TaskLog, document_of, task_id
 
 STAGES = (
     "document_text",
@@ -48,42 +49,13 @@ STAGES = (
     "analysis_results",
     "completion_notice",
 )
-ANALYSE_STEP = "analyse"
-NOTIFY_STEP = "notify"
 DEFAULT_RETRY_BUDGET = 3
-MANUAL_OVERRIDE_SUCCESS = "MANUAL_OVERRIDE_SUCCESS"
 
 
-def task_id(document_id: str, step: str, prompt_version: str, model: str) -> str:
-    """The idempotency key of one external call: a retry is the same task, a new prompt is not.
+class ResultsWriter(Protocol):
+    """Where validated analyses go: the results IO manager in Dagster, the store's results here."""
 
-    The model name is hashed (it may hold ``/`` or ``:``, e.g. ``meta-llama/Llama-3:8b``) so that the
-    id stays safe in headers, file names and log prefixes.
-    """
-    model_tag = hashlib.sha256(model.encode("utf-8")).hexdigest()[:8]
-    return f"{document_id}-{step}-{prompt_version}-{model_tag}"
-
-
-SNAPSHOT_CHARS = 200
-
-
-def snapshot(doc: dict[str, Any]) -> dict[str, Any]:
-    """What a reviewer needs to see of a document's input, without opening the file."""
-    text = doc.get("text") or ""
-    return {
-        "source": doc["source"],
-        "kind": doc["kind"],
-        "size_bytes": doc["size_bytes"],
-        "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest() if text else None,
-        "first_characters": text[:SNAPSHOT_CHARS],
-        "rejected_reason": doc.get("rejected_reason"),
-    }
-
-
-class Log(Protocol):
-    def info(self, msg: str) -> Any: ...
-    def warning(self, msg: str) -> Any: ...
-    def error(self, msg: str) -> Any: ...
+    def upsert(self, rows: Sequence[ResultRow]) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -106,20 +78,10 @@ class StageFailed:
 Event = StageDone | StageFailed
 
 
-class TaskLog:
-    """Prefixes every line about a document's work with ``[TASK:<task id>]`` (seed 002 §2)."""
-
-    def __init__(self, log: Log, task: str):
-        self._log, self.prefix = log, f"[TASK:{task}]"
-
-    def info(self, msg: str) -> None:
-        self._log.info(redact(f"{self.prefix} {msg}"))
-
-    def warning(self, msg: str) -> None:
-        self._log.warning(redact(f"{self.prefix} {msg}"))
-
-    def error(self, msg: str) -> None:
-        self._log.error(redact(f"{self.prefix} {msg}"))
+class _StageError(ClassifiedError):
+    def __init__(self, stage: str, category: Category, message: str):
+        super().__init__(category, message)
+        self.stage = stage
 
 
 def _claim(store: Store, document_id: str, run_id: str | None) -> State:
@@ -127,24 +89,26 @@ def _claim(store: Store, document_id: str, run_id: str | None) -> State:
 
     COMPLETED and CANCELLED documents keep their state: a rerun only re-reports their checkpoints.
     """
-    current = State(store.get_document(document_id)["state"])  # type: ignore[index]
+    doc = store.documents.get(document_id)
+    assert doc is not None
+    current = doc.state
     if current in (State.COMPLETED, State.CANCELLED):
         return current
     if current != State.QUEUED:
         # From PENDING, FAILED or DEAD_LETTER; or RUNNING left behind by a run that died.
-        store.transition(document_id, State.QUEUED)
-    store.transition(document_id, State.RUNNING, run_id=run_id)
+        store.documents.transition(document_id, State.QUEUED)
+    store.documents.transition(document_id, State.RUNNING, run_id=run_id)
     return current
 
 
 class Analyser:
-    """Runs the four stages for documents of one batch."""
+    """Runs the stages for the documents of one batch."""
 
     def __init__(
         self,
         store: Store,
         llm: LLMClient,
-        upsert: Callable[[Sequence[dict[str, Any]]], Any],
+        results: ResultsWriter,
         *,
         log: Log | None = None,
         run_id: str | None = None,
@@ -154,7 +118,7 @@ class Analyser:
     ):
         self.store = store
         self.llm = llm
-        self.upsert = upsert
+        self.results = results
         self.log: Log = log or logging.getLogger("ai_pipeline")
         self.run_id = run_id
         self.min_confidence = min_confidence
@@ -171,33 +135,17 @@ class Analyser:
         events: list[Event] = []
         task = self.task_for(document_id)
         log = TaskLog(self.log, task)
-        doc = self.store.get_document(document_id)
+        doc = self.store.documents.load(document_id)
         if doc is None:
-            events.append(
-                StageFailed(
-                    document_id,
-                    "document_text",
-                    Category.INTERNAL_ERROR,
-                    f"document {document_id} is not registered in the results database",
-                    task,
-                )
-            )
-            log.error(events[-1].error)  # type: ignore[union-attr]
-            return events
-        if doc["status_message"]:
+            error = f"document {document_id} is not registered in the results database"
+            log.error(error)
+            return [StageFailed(document_id, STAGES[0], Category.INTERNAL_ERROR, error, task)]
+        if doc.rejected_by_reviewer:
             # A reviewer rejected it: nothing about it runs again, nothing downstream happens.
-            category = Category(doc["category"]) if doc["category"] else Category.INTERNAL_ERROR
-            events.append(
-                StageFailed(
-                    document_id,
-                    "document_text",
-                    category,
-                    f"rejected by a reviewer: {doc['status_message']}",
-                    task,
-                )
-            )
+            category = doc.category or Category.INTERNAL_ERROR
             log.info("rejected by a reviewer; not processed")
-            return events
+            error = f"rejected by a reviewer: {doc.status_message}"
+            return [StageFailed(document_id, STAGES[0], category, error, task)]
         previous = _claim(self.store, document_id, self.run_id)
         if previous == State.CANCELLED:
             log.info("cancelled; skipped")
@@ -206,9 +154,8 @@ class Analyser:
             # Stages append as they finish, so the ones done before a failure are still reported.
             await self._stages(doc, task, log, events)
         except ClassifiedError as e:
-            events.append(
-                StageFailed(document_id, _stage_of(e), e.category, redact(e.message), task)
-            )
+            stage = getattr(e, "stage", "llm_analysis")
+            events.append(StageFailed(document_id, stage, e.category, redact(e.message), task))
         except Exception as e:  # a bug must fail this document, not the batch
             message = redact(f"{type(e).__name__}: {e}")[:500]
             log.error(f"unexpected error: {message}")
@@ -218,22 +165,19 @@ class Analyser:
         if previous == State.COMPLETED:
             return events
         if failure is None:
-            self.store.transition(document_id, State.COMPLETED, task_id=task)
-            review = self.store.get_review(document_id)
-            if review is not None and review["status"] == "approved":
-                detail = f"{review['decision']} by {review['decided_by']}: {review['note'] or ''}"
-                self.store.add_history(document_id, MANUAL_OVERRIDE_SUCCESS, detail, task_id=task)
-                self.store.decide_review_done(document_id)
-                log.info(f"{MANUAL_OVERRIDE_SUCCESS} ({detail})")
+            self.store.documents.transition(document_id, State.COMPLETED, task_id=task)
+            override = resolve_if_approved(self.store, document_id, task)
+            if override is not None:
+                log.info(override)
             log.info("completed")
         else:
             self._fail(doc, failure, log)
         return events
 
-    def _fail(self, doc: dict[str, Any], failure: StageFailed, log: TaskLog) -> None:
+    def _fail(self, doc: StoredDocument, failure: StageFailed, log: TaskLog) -> None:
         """Record a document's failure: its state, a failure event, and a person's queue if due."""
-        document_id, task = doc["document_id"], failure.task_id
-        self.store.transition(
+        document_id, task = doc.document_id, failure.task_id
+        self.store.documents.transition(
             document_id,
             State.FAILED,
             category=failure.category,
@@ -241,8 +185,9 @@ class Analyser:
             task_id=task,
             count_attempt=True,
         )
-        attempts = self.store.get_document(document_id)["attempts"]  # type: ignore[index]
-        self.store.record_failure(
+        after = self.store.documents.get(document_id)
+        attempts = after.attempts if after else 1
+        self.store.events.record_failure(
             document_id,
             failure.category,
             failure.error,
@@ -251,14 +196,12 @@ class Analyser:
             attempt=attempts,
         )
         if failure.category.needs_person:
-            self.store.open_review(
-                document_id, failure.category, failure.error, snapshot(doc), task_id=task
-            )
+            send_to_review(self.store, doc, failure.category, failure.error, task)
         log.error(f"failed at {failure.stage}: {failure.category.value}: {failure.error}")
         if failure.category.retryable and attempts >= self.retry_budget:
-            self.store.transition(document_id, State.DEAD_LETTER)
+            self.store.documents.transition(document_id, State.DEAD_LETTER)
             detail = f"{attempts} retryable failures (budget {self.retry_budget})"
-            self.store.add_history(document_id, "DEAD_LETTER", detail, task_id=task)
+            self.store.events.add_history(document_id, "DEAD_LETTER", detail, task_id=task)
             log.error(f"moved to DEAD_LETTER after {detail}; `ai-pipeline requeue` puts it back")
 
     def _record_attempt(self, task: str, category: Category, request: int, error: str) -> None:
@@ -267,46 +210,45 @@ class Analyser:
         ``attempt`` in the failure events is always the document's attempt (the run that tried
         it), the same number its final failure is recorded under; the request is in the text.
         """
-        document_id = task.split("-", 1)[0]
-        doc = self.store.get_document(document_id)
-        attempt = (doc["attempts"] if doc else 0) + 1
-        self.store.record_failure(
+        document_id = document_of(task)
+        doc = self.store.documents.get(document_id)
+        self.store.events.record_failure(
             document_id,
             category,
             f"request {request}: {error}",
             task_id=task,
             run_id=self.run_id,
-            attempt=attempt,
+            attempt=(doc.attempts if doc else 0) + 1,
         )
 
     async def _stages(
-        self, doc: dict[str, Any], task: str, log: TaskLog, events: list[Event]
+        self, doc: StoredDocument, task: str, log: TaskLog, events: list[Event]
     ) -> None:
-        document_id = doc["document_id"]
-        sources = self.store.sources([document_id]).get(document_id, [doc["source"]])
+        document_id = doc.document_id
+        sources = self.store.documents.sources([document_id]).get(document_id, [doc.source])
 
-        if doc["rejected_reason"]:
+        if doc.rejected_reason or doc.text is None:
             raise _StageError(
                 "document_text",
                 Category.INPUT_QUALITY_ISSUE,
-                f"{doc['source']}: {doc['rejected_reason']}",
+                f"{doc.source}: {doc.rejected_reason or 'no text'}",
             )
-        text: str = doc["text"]
+        text = doc.text
         events.append(
             StageDone(
                 document_id,
                 "document_text",
                 {
-                    "source": doc["source"],
+                    "source": doc.source,
                     "aliases": len(sources) - 1,
-                    "kind": doc["kind"],
-                    "size_bytes": doc["size_bytes"],
+                    "kind": doc.kind,
+                    "size_bytes": doc.size_bytes,
                     "characters": len(text),
                 },
             )
         )
 
-        payload = self.store.get_checkpoint(task)
+        payload = self.store.checkpoints.get(task)
         from_checkpoint = payload is not None
         if payload is None:
             log.info(f"calling {self.llm.model} (prompt {self.llm.prompt.version})")
@@ -316,7 +258,9 @@ class Analyser:
                 raise _StageError("llm_analysis", e.category, e.message) from e
             # Durable before anything else is done with it: a crash after this line never pays
             # for the same call again.
-            payload = self.store.put_checkpoint(task, document_id, ANALYSE_STEP, reply.to_payload())
+            payload = self.store.checkpoints.put(
+                task, document_id, ANALYSE_STEP, reply.to_payload()
+            )
         else:
             log.info("LLM checkpoint found; no call")
         reply = LLMReply.from_payload(payload)
@@ -338,25 +282,27 @@ class Analyser:
                     "completion_tokens": reply.completion_tokens,
                     "latency_ms": reply.latency_ms,
                     "from_checkpoint": from_checkpoint,
-                    "source": doc["source"],
+                    "source": doc.source,
                 },
                 checks=tuple(verdict.outcomes),
             )
         )
         failed_check = verdict.failure
-        override = self.store.get_override(task) if failed_check is not None else None
-        if override is not None and verdict.analysis is not None:
+        override = self.store.reviews.override(task) if failed_check is not None else None
+        if failed_check is not None and override is not None and verdict.analysis is not None:
             # A reviewer accepted this stored output although a check failed.
             log.warning(
-                f"check {failed_check.name} failed but the output was accepted by "  # type: ignore[union-attr]
-                f"{override['decided_by']}: {override['note'] or ''}"
+                f"check {failed_check.name} failed but the output was accepted by "
+                f"{override.decided_by}: {override.note or ''}"
             )
             failed_check = None
         if failed_check is not None or verdict.analysis is None:
             assert failed_check is not None and failed_check.category is not None
             if failed_check.category == Category.MODEL_HALLUCINATION:
                 # Kept for the audit, never used as a result.
-                self.store.quarantine_output(document_id, task, reply.content, failed_check.message)
+                self.store.reviews.quarantine(
+                    document_id, task, reply.content, failed_check.message
+                )
             raise _StageError("validated_analysis", failed_check.category, failed_check.message)
         analysis = verdict.analysis
         events.append(
@@ -372,25 +318,25 @@ class Analyser:
                 },
             )
         )
-        self.upsert(
+        self.results.upsert(
             [
-                {
-                    "document_id": document_id,
+                ResultRow(
+                    document_id=document_id,
                     **analysis.model_dump(),
-                    "task_id": task,
-                    "model": reply.model,
-                    "prompt_version": self.llm.prompt.version,
-                    "sources": sources,
-                    "prompt_tokens": reply.prompt_tokens,
-                    "completion_tokens": reply.completion_tokens,
-                }
+                    task_id=task,
+                    model=reply.model,
+                    prompt_version=self.llm.prompt.version,
+                    sources=sources,
+                    prompt_tokens=reply.prompt_tokens,
+                    completion_tokens=reply.completion_tokens,
+                )
             ]
         )
         events.append(
             StageDone(
                 document_id,
                 "analysis_results",
-                {"task_id": task, "source": doc["source"], "sources": len(sources)},
+                {"task_id": task, "source": doc.source, "sources": len(sources)},
             )
         )
         if self.notifier is not None:
@@ -417,7 +363,7 @@ class Analyser:
         assert self.notifier is not None
         notice_task = task_id(document_id, NOTIFY_STEP, self.llm.prompt.version, self.llm.model)
         log = TaskLog(self.log, notice_task)
-        payload = self.store.get_checkpoint(notice_task)
+        payload = self.store.checkpoints.get(notice_task)
         if payload is None:
             notice = {
                 "document_id": document_id,
@@ -432,7 +378,7 @@ class Analyser:
                 delivery = await self.notifier.send(notice_task, notice, log)
             except ClassifiedError as e:
                 raise _StageError("completion_notice", e.category, e.message) from e
-            payload = self.store.put_checkpoint(
+            payload = self.store.checkpoints.put(
                 notice_task, document_id, NOTIFY_STEP, delivery.to_payload()
             )
             log.info(f"notice delivered (HTTP {payload['status']})")
@@ -451,90 +397,14 @@ class Analyser:
         )
 
 
-class _StageError(ClassifiedError):
-    def __init__(self, stage: str, category: Category, message: str):
-        super().__init__(category, message)
-        self.stage = stage
-
-
-def _stage_of(error: ClassifiedError) -> str:
-    return getattr(error, "stage", "llm_analysis")
-
-
-class _ForwardedLog:
-    """Log lines written on the worker thread, handed to the caller's thread to be logged there
-    (Dagster's run log belongs to the step's thread)."""
-
-    def __init__(self, out: queue.Queue[Any]):
-        self._out = out
-
-    def info(self, msg: str) -> None:
-        self._out.put(("log", "info", msg))
-
-    def warning(self, msg: str) -> None:
-        self._out.put(("log", "warning", msg))
-
-    def error(self, msg: str) -> None:
-        self._out.put(("log", "error", msg))
-
-
-def run_batch(analyser: Analyser, document_ids: Sequence[str]) -> Iterator[tuple[str, list[Event]]]:
-    """Process documents concurrently; yields ``(document_id, events)`` as each one finishes.
-
-    The documents run on an event loop in a worker thread, so that LLM calls, notices and database
-    writes go on while the caller reports the documents already done (a Dagster step writes each
-    event to its event log before it goes on, which takes long enough to matter). Log lines come
-    back to the caller's thread. Closing the generator early cancels what is still running.
-    """
-    out: queue.Queue[Any] = queue.Queue()
-    caller_log = analyser.log
-    analyser.log = _ForwardedLog(out)
-    loop = asyncio.new_event_loop()
-    main: list[asyncio.Task[None]] = []
-
-    async def one(document_id: str) -> None:
-        try:
-            events = await analyser.process(document_id)
-        except Exception as e:  # a bug must fail this document, not the batch
-            message = redact(f"{type(e).__name__}: {e}")[:500]
-            events = [StageFailed(document_id, STAGES[0], Category.INTERNAL_ERROR, message)]
-        out.put(("done", document_id, events))
-
-    async def run_all() -> None:
-        try:
-            await asyncio.gather(*(one(d) for d in document_ids))
-        finally:
-            await analyser.llm.aclose()
-            if analyser.notifier is not None:
-                await analyser.notifier.aclose()
-
-    def work() -> None:
-        try:
-            main.append(loop.create_task(run_all()))
-            loop.run_until_complete(main[0])
-        except BaseException as e:  # handed to the caller, who raises it
-            out.put(("error", e))
-        finally:
-            out.put(("end",))
-            loop.close()
-
-    worker = threading.Thread(target=work, name="ai-pipeline-batch", daemon=True)
-    worker.start()
-    try:
-        while True:
-            item = out.get()
-            if item[0] == "log":
-                getattr(caller_log, item[1])(item[2])
-            elif item[0] == "done":
-                yield item[1], item[2]
-            elif item[0] == "error":
-                if not isinstance(item[1], asyncio.CancelledError):
-                    raise item[1]
-            else:
-                break
-    finally:
-        analyser.log = caller_log
-        if worker.is_alive():
-            if main:
-                loop.call_soon_threadsafe(main[0].cancel)
-            worker.join()
+def requeue(store: Store, document_id: str, *, by: str) -> bool:
+    """Take a document out of the dead letter (attempts reset) so that the next backfill picks it
+    up; False when it is not in the dead letter. Raises KeyError for an unknown document."""
+    doc = store.documents.get(document_id)
+    if doc is None:
+        raise KeyError(document_id)
+    if doc.state != State.DEAD_LETTER:
+        return False
+    store.documents.transition(document_id, State.QUEUED, reset_attempts=True)
+    store.events.add_history(document_id, "REQUEUED", f"by {by}")
+    return True

@@ -1,0 +1,97 @@
+"""Running a batch of documents concurrently, while the caller reports the ones already done.
+
+The documents of a batch run on an asyncio event loop in a worker thread, bounded by the LLM
+client's concurrency; each one's events come back to the caller's thread as it finishes, together
+with the log lines written on its behalf (Dagster's run log belongs to the step's thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ai_pipeline.engine import STAGES, Analyser, Event, StageFailed
+from ai_pipeline.failures import Category
+from ai_pipeline.redaction import redact
+
+
+class _ForwardedLog:
+    """Log lines written on the worker thread, handed to the caller's thread to be logged there
+    (Dagster's run log belongs to the step's thread)."""
+
+    def __init__(self, out: queue.Queue[Any]):
+        self._out = out
+
+    def info(self, msg: str) -> None:
+        self._out.put(("log", "info", msg))
+
+    def warning(self, msg: str) -> None:
+        self._out.put(("log", "warning", msg))
+
+    def error(self, msg: str) -> None:
+        self._out.put(("log", "error", msg))
+
+
+def run_batch(analyser: Analyser, document_ids: Sequence[str]) -> Iterator[tuple[str, list[Event]]]:
+    """Process documents concurrently; yields ``(document_id, events)`` as each one finishes.
+
+    The documents run on an event loop in a worker thread, so that LLM calls, notices and database
+    writes go on while the caller reports the documents already done (a Dagster step writes each
+    event to its event log before it goes on, which takes long enough to matter). Log lines come
+    back to the caller's thread. Closing the generator early cancels what is still running.
+    """
+    out: queue.Queue[Any] = queue.Queue()
+    caller_log = analyser.log
+    analyser.log = _ForwardedLog(out)
+    loop = asyncio.new_event_loop()
+    main: list[asyncio.Task[None]] = []
+
+    async def one(document_id: str) -> None:
+        try:
+            events = await analyser.process(document_id)
+        except Exception as e:  # a bug must fail this document, not the batch
+            message = redact(f"{type(e).__name__}: {e}")[:500]
+            events = [StageFailed(document_id, STAGES[0], Category.INTERNAL_ERROR, message)]
+        out.put(("done", document_id, events))
+
+    async def run_all() -> None:
+        try:
+            await asyncio.gather(*(one(d) for d in document_ids))
+        finally:
+            await analyser.llm.aclose()
+            if analyser.notifier is not None:
+                await analyser.notifier.aclose()
+
+    def work() -> None:
+        try:
+            main.append(loop.create_task(run_all()))
+            loop.run_until_complete(main[0])
+        except BaseException as e:  # handed to the caller, who raises it
+            out.put(("error", e))
+        finally:
+            out.put(("end",))
+            loop.close()
+
+    worker = threading.Thread(target=work, name="ai-pipeline-batch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = out.get()
+            if item[0] == "log":
+                getattr(caller_log, item[1])(item[2])
+            elif item[0] == "done":
+                yield item[1], item[2]
+            elif item[0] == "error":
+                if not isinstance(item[1], asyncio.CancelledError):
+                    raise item[1]
+            else:
+                break
+    finally:
+        analyser.log = caller_log
+        if worker.is_alive():
+            if main:
+                loop.call_soon_threadsafe(main[0].cancel)
+            worker.join()

@@ -1,0 +1,102 @@
+"""Batches and the report: ``submit``, ``batch``, ``report``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ai_pipeline.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    add_output_flags,
+    add_wait_flags,
+    launcher,
+    print_json,
+    store,
+)
+from ai_pipeline.reporting import build_report, to_markdown
+
+
+def _print_batch(summary: dict[str, Any]) -> None:
+    print(
+        f"total {summary['total']}, succeeded {summary['succeeded']}, failed {summary['failed']}, "
+        f"pending {summary['pending']}"
+    )
+    for d, f in summary["failures"].items():
+        print(f"  {d}  {f['category']}: {f['error']}")
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    out = launcher(args).submit_batch(
+        Path(args.inbox), args.batch, wait=args.wait, timeout=args.timeout
+    )
+    if args.json:
+        print_json(out)
+    else:
+        print(
+            f"batch {out['batch_id']} ({args.batch}): {out['total']} documents, "
+            f"{out['pending_at_submit']} submitted for analysis"
+        )
+        if out["backfill_id"]:
+            print(
+                f"backfill {out['backfill_id']}; follow it with: ai-pipeline batch {out['batch_id']}"
+            )
+        _print_batch(out)
+    if "status" in out:
+        # Waited for: 1 when a document of the batch failed, like run and backfill --wait.
+        return EXIT_FAILED if out["failed"] else EXIT_OK
+    return EXIT_OK
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    summary = launcher(args).batch_summary(args.batch_id)
+    if args.json:
+        print_json(summary)
+    else:
+        print(f"batch {summary['batch_id']} ({summary['name']})")
+        _print_batch(summary)
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    report = build_report(store())
+    if args.json:
+        print_json(report)
+    else:
+        print(to_markdown(report))
+    return EXIT_OK
+
+
+def add_commands(sub: Any) -> None:
+    p = sub.add_parser(
+        "submit",
+        help="submit a folder as a named batch (a Dagster backfill)",
+        description="Register the folder's files and launch a backfill for the documents not yet "
+        "completed. The batch id is derived from the sorted document ids, so submitting the same "
+        "documents again names the same batch and resumes only what is pending.",
+    )
+    p.add_argument("inbox", metavar="DIR")
+    p.add_argument("--batch", required=True, metavar="NAME", help="a name for people")
+    add_wait_flags(p, "the backfill")
+    add_output_flags(p)
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser(
+        "batch",
+        help="a batch's totals: succeeded, failed, pending, failed ids",
+        description="Report a submitted batch: total / succeeded / failed / pending, and why each "
+        "failed document failed.",
+    )
+    p.add_argument("batch_id", metavar="BATCH_ID")
+    add_output_flags(p)
+    p.set_defaults(func=cmd_batch)
+
+    p = sub.add_parser(
+        "report",
+        help="the failure report",
+        description="Counts by state and category, failures by day, success rate, tokens and "
+        "estimated cost (the same data as the failure_report asset).",
+    )
+    add_output_flags(p)
+    p.set_defaults(func=cmd_report)

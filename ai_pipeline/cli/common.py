@@ -1,0 +1,149 @@
+"""What the ``ai-pipeline`` commands share: the instance, the launcher, output and exit codes.
+
+Exit codes: 0 success, 1 some documents failed (or were left unfinished), 2 a usage or
+configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from ai_pipeline.defs.launch import Launcher
+from ai_pipeline.errors import InputError
+from ai_pipeline.failures import Category
+from ai_pipeline.settings import Settings
+from ai_pipeline.states import State
+from ai_pipeline.store import Store, get_store
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(InputError):
+    """A usage or configuration problem: printed as one line, exit code 2."""
+
+
+def ensure_dagster_home() -> Path:
+    """``DAGSTER_HOME``, or the current folder when it holds a ``dagster.yaml`` (the checkout)."""
+    home = os.environ.get("DAGSTER_HOME")
+    if not home:
+        if Path("dagster.yaml").is_file():
+            home = os.getcwd()
+            os.environ["DAGSTER_HOME"] = home
+        else:
+            raise UsageError(
+                "DAGSTER_HOME is not set and there is no dagster.yaml here: set DAGSTER_HOME to "
+                "the folder holding the instance's dagster.yaml (the checkout, for the embedded "
+                "default)"
+            )
+    path = Path(home).resolve()
+    if not path.is_dir():
+        raise UsageError(f"DAGSTER_HOME={home} is not a directory")
+    return path
+
+
+def instance() -> dg.DagsterInstance:
+    ensure_dagster_home()
+    return dg.DagsterInstance.get()
+
+
+def store() -> Store:
+    """The results database of the configured instance."""
+    ensure_dagster_home()
+    return get_store(Settings.load().database_url)
+
+
+def launcher(args: argparse.Namespace) -> Launcher:
+    """The launcher for this instance and the code location; progress goes to stderr unless
+    ``--json`` asked for nothing but JSON."""
+    from ai_pipeline.definitions import defs
+
+    inst = instance()
+    return Launcher(inst, defs, progress=lambda m: say(getattr(args, "json", False), m))
+
+
+def categories(values: list[str] | None) -> list[Category]:
+    """``--category`` values as categories; an unknown one is a usage error naming the valid ones."""
+    out = []
+    for value in values or []:
+        if value not in Category.__members__:
+            raise UsageError(
+                f"unknown category {value!r}; one of {', '.join(Category.__members__)}"
+            )
+        out.append(Category(value))
+    return out
+
+
+def user() -> str:
+    """Who is at the terminal, for the records of reviews and requeues."""
+    return os.environ.get("USER") or os.environ.get("USERNAME") or "unknown"
+
+
+def add_output_flags(p: argparse.ArgumentParser, *, verbose: bool = False) -> None:
+    """``--json`` (and ``--verbose``): every command that reports takes the same flags."""
+    p.add_argument("--json", action="store_true", help="print JSON, nothing else on stdout")
+    if verbose:
+        p.add_argument("--verbose", action="store_true", help="show Dagster's run log too")
+
+
+def add_wait_flags(p: argparse.ArgumentParser, what: str) -> None:
+    """``--wait`` and ``--timeout`` for the commands that launch a backfill."""
+    p.add_argument("--wait", action="store_true", help=f"wait for {what} to end, print the outcome")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds --wait waits (1800)")
+
+
+def say(quiet: bool, message: str) -> None:
+    if not quiet:
+        print(message, file=sys.stderr, flush=True)
+
+
+def clip(text: str | None, width: int) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, ensure_ascii=False, indent=2, default=str))
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(f"{'DOCUMENT':<20}  {'STATE':<11}  {'CATEGORY':<19}  {'SOURCE':<36}  SUMMARY / ERROR")
+    for r in report["documents"]:
+        detail = r["summary"] if r["state"] == State.COMPLETED.value else r["error"]
+        print(
+            f"{r['document_id']:<20}  {r['state']:<11}  {r['category'] or '-':<19}  "
+            f"{clip(Path(r['source']).name, 36):<36}  {clip(detail, 70)}"
+        )
+    counts = report["counts"]
+    states = ", ".join(f"{k} {v}" for k, v in counts["by_state"].items()) or "none"
+    print(f"\n{counts['total']} documents: {states}")
+    if counts["by_category"]:
+        print(
+            "failed by category: " + ", ".join(f"{k} {v}" for k, v in counts["by_category"].items())
+        )
+    settled = (State.COMPLETED.value, State.PENDING.value)
+    failed = [r for r in report["documents"] if r["state"] not in settled]
+    if failed:
+        print("\nwhy:")
+        for r in failed:
+            print(f"  {r['document_id']}  {r['state']} {r['category'] or ''}: {r['error'] or ''}")
+            if r["status_message"]:
+                print(f"      rejected: {r['status_message']}")
+
+
+def emit(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    if args.json:
+        print_json(report)
+    else:
+        print_table(report)
+
+
+def exit_code(report: dict[str, Any]) -> int:
+    done = all(r["state"] == State.COMPLETED.value for r in report["documents"])
+    return EXIT_OK if done else EXIT_FAILED

@@ -1,0 +1,98 @@
+"""Processing commands: ``demo``, ``run``, ``status``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from ai_pipeline.cli.common import (
+    EXIT_OK,
+    UsageError,
+    add_output_flags,
+    emit,
+    ensure_dagster_home,
+    exit_code,
+    launcher,
+    say,
+    store,
+)
+from ai_pipeline.reporting import status_report
+
+DEMO_API_KEY = "sim-demo-key"
+DEMO_MODEL = "sim-analyst-1"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if not os.environ.get("OPENAI_API_KEY"):
+        raise UsageError(
+            "OPENAI_API_KEY is not set (use any value for a local endpoint that needs none)"
+        )
+    report = launcher(args).process_inbox(Path(args.inbox), verbose=args.verbose)
+    emit(args, report)
+    return exit_code(report)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ai_pipeline.rehearsal.faults import SimulatorConfig
+    from ai_pipeline.rehearsal.simulator import SimulatorServer
+
+    inbox = Path(args.inbox)
+    if not inbox.is_dir():
+        raise UsageError(f"inbox {inbox} is not a directory (run the demo from the checkout)")
+    with SimulatorServer(SimulatorConfig(latency_ms=args.latency_ms)) as simulator:
+        say(args.json, f"simulator listening on {simulator.base_url}")
+        # The demo's run goes through the same settings as any other: the simulator is the endpoint.
+        os.environ["OPENAI_BASE_URL"] = simulator.base_url
+        os.environ["OPENAI_API_KEY"] = DEMO_API_KEY
+        os.environ["AI_PIPELINE_MODEL"] = DEMO_MODEL
+        report: dict[str, Any] = launcher(args).process_inbox(inbox, verbose=args.verbose)
+        report["llm_requests"] = simulator.stats()["total"]
+    emit(args, report)
+    if not args.json:
+        print(f"LLM calls made by this demo: {report['llm_requests']}")
+    return exit_code(report)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    ensure_dagster_home()
+    emit(args, status_report(store()))
+    return EXIT_OK
+
+
+def add_commands(sub: Any) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="analyse the sample inbox against the bundled simulator (offline)",
+        description="Start the bundled LLM simulator, analyse the sample inbox through Dagster "
+        "against the instance in DAGSTER_HOME, and print a table. Running it again makes no LLM "
+        "call: every document is checkpointed.",
+    )
+    p.add_argument(
+        "--inbox", default="examples/inbox", help="folder to analyse (default: %(default)s)"
+    )
+    p.add_argument(
+        "--latency-ms", type=int, default=50, help="simulated LLM latency (default: %(default)s)"
+    )
+    add_output_flags(p, verbose=True)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "run",
+        help="analyse a folder against the configured LLM endpoint",
+        description="Register every file of INBOX as a document and analyse those not yet "
+        "completed, through Dagster. Uses OPENAI_BASE_URL, OPENAI_API_KEY and AI_PIPELINE_MODEL. "
+        "Exit code 0 when every document completed, 1 when some failed, 2 on a usage error.",
+    )
+    p.add_argument("--inbox", required=True, help="folder of documents (searched recursively)")
+    add_output_flags(p, verbose=True)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "status",
+        help="every document with its state and failure category",
+        description="Report every known document: state, failure category, error, summary.",
+    )
+    add_output_flags(p)
+    p.set_defaults(func=cmd_status)

@@ -1,0 +1,85 @@
+"""The asset checks on every LLM reply, per document: refusal, schema, confidence, grounding.
+
+They are evaluated by the analysis step itself (``ai_pipeline.schema.evaluate``, inside the range
+run) and reported here as one ``AssetCheckEvaluation`` per document and check, each targeting that
+document's ``llm_analysis`` materialization (DESIGN.md, decision 3).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import dagster as dg
+
+from ai_pipeline.defs.dagster_private import AssetCheckEvaluationTargetMaterializationData
+from ai_pipeline.defs.partitions import documents_partitions
+from ai_pipeline.schema import CHECK_NAMES, CheckOutcome
+
+CHECKED_ASSET = dg.AssetKey("llm_analysis")
+
+_DESCRIPTIONS = {
+    "refusal": "The reply is not a refusal (phrase library in Chinese and English).",
+    "schema": "The reply is exactly the JSON the prompt asks for, not truncated.",
+    "confidence": "The model's confidence is at or above the threshold (0.75 by default).",
+    "grounding": "Every entity the model names occurs in the document.",
+}
+
+with warnings.catch_warnings():
+    # Partitioned asset checks are a preview feature in dagster 1.13; they are what gives every
+    # document its own check results, so the warning is expected, not news for every load.
+    warnings.simplefilter("ignore", dg.PreviewWarning)
+    CHECK_SPECS = [
+        dg.AssetCheckSpec(
+            name,
+            asset=CHECKED_ASSET,
+            description=_DESCRIPTIONS[name],
+            partitions_def=documents_partitions,
+        )
+        for name in CHECK_NAMES
+    ]
+
+
+def _target(
+    instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition: str
+) -> AssetCheckEvaluationTargetMaterializationData | None:
+    """The materialization a check evaluation of one partition is about (the UI needs it)."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[partition]), limit=1
+    ).records
+    if not records:
+        return None
+    return AssetCheckEvaluationTargetMaterializationData(
+        storage_id=records[0].storage_id,
+        run_id=records[0].event_log_entry.run_id,
+        timestamp=records[0].timestamp,
+    )
+
+
+def check_evaluations(
+    instance: dg.DagsterInstance,
+    asset_key: dg.AssetKey,
+    document_id: str,
+    outcomes: tuple[CheckOutcome, ...],
+    selected: set[dg.AssetCheckKey],
+) -> Iterator[dg.AssetCheckEvaluation]:
+    """One evaluation per selected check of a document, after its materialization was written."""
+    wanted = [o for o in outcomes if dg.AssetCheckKey(asset_key, o.name) in selected]
+    if not wanted:
+        return
+    target = _target(instance, asset_key, document_id)
+    for outcome in wanted:
+        metadata: dict[str, Any] = {"message": outcome.message}
+        if outcome.category is not None:
+            metadata["category"] = outcome.category.value
+        yield dg.AssetCheckEvaluation(
+            asset_key=asset_key,
+            check_name=outcome.name,
+            passed=outcome.passed,
+            partition=document_id,
+            metadata=metadata,
+            severity=dg.AssetCheckSeverity.ERROR,
+            target_materialization_data=target,
+            description=outcome.message,
+        )

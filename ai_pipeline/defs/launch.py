@@ -1,0 +1,259 @@
+"""Launching work through Dagster: what the command line (or any front end) asks of the pipeline.
+
+Every way of processing documents goes through the Dagster instance in ``DAGSTER_HOME``, so what it
+does shows in the UI like a sensor's runs:
+
+- ``register_inbox``: a folder's files become documents (``ai_pipeline.intake``) and partitions;
+- ``execute``: documents are analysed in this process, in range runs of the analysis job;
+- ``process_inbox``: both, for the documents not yet completed (``ai-pipeline run``, the demo);
+- ``submit_batch``: a folder as a named batch, analysed by a backfill the daemon runs;
+- ``backfill_failed``: a backfill of the failed documents a rerun can fix;
+- ``approve``: a reviewer's approval (``ai_pipeline.review``), then the document re-submitted.
+
+The code location's ``Definitions`` is handed in by the caller (the CLI imports
+``ai_pipeline.definitions``; nothing here does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from ai_pipeline.defs.assets import ANALYSIS_RESULTS
+from ai_pipeline.defs.backfills import (
+    BATCH_TAG,
+    launch_backfill,
+    plan_failed_backfill,
+    wait_for_backfill,
+)
+from ai_pipeline.defs.jobs import ANALYSIS_JOB_NAME, range_tags
+from ai_pipeline.defs.partitions import PARTITIONS_NAME, documents_partitions
+from ai_pipeline.errors import InputError
+from ai_pipeline.failures import Category
+from ai_pipeline.inbox import list_files
+from ai_pipeline.intake import batch_key, contiguous_ranges, register_files, unique_in_order
+from ai_pipeline.reporting import status_report
+from ai_pipeline.review import approve as record_approval
+from ai_pipeline.settings import Settings
+from ai_pipeline.states import State
+from ai_pipeline.store import Store, get_store
+from ai_pipeline.store.rows import Decision, DocumentRow
+
+QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+
+
+def _silent(message: str) -> None:
+    pass
+
+
+def _failure(doc: DocumentRow) -> dict[str, Any]:
+    return {"category": doc.category.value if doc.category else None, "error": doc.last_error}
+
+
+@dataclass
+class Launcher:
+    """The pipeline's operations against one Dagster instance and code location."""
+
+    instance: dg.DagsterInstance
+    definitions: dg.Definitions
+    settings: Settings = field(default_factory=Settings.load)
+    progress: Callable[[str], None] = _silent
+
+    @property
+    def store(self) -> Store:
+        return get_store(self.settings.database_url)
+
+    # --- processing --------------------------------------------------------------------------
+
+    def register_inbox(self, inbox: Path) -> tuple[int, list[str]]:
+        """Register every file of ``inbox`` as a document and a partition; (files, document ids)."""
+        if not inbox.is_dir():
+            raise InputError(f"inbox {inbox} is not a directory")
+        paths = list_files([inbox])
+        registered = register_files(self.store, paths, max_bytes=self.settings.max_document_bytes)
+        document_ids = unique_in_order(r.document_id for r in registered)
+        missing = [
+            d for d in document_ids if not self.instance.has_dynamic_partition(PARTITIONS_NAME, d)
+        ]
+        if missing:
+            self.instance.add_dynamic_partitions(PARTITIONS_NAME, missing)
+        self.progress(
+            f"{len(paths)} files → {len(document_ids)} documents "
+            f"({len(paths) - len(document_ids)} duplicates)"
+        )
+        return len(paths), document_ids
+
+    def not_done(self, document_ids: Sequence[str]) -> list[str]:
+        """The documents not completed, here or in Dagster.
+
+        Done means done in both places: a run killed after a document's results were written but
+        before Dagster heard of it leaves the document COMPLETED here and unmaterialized there; a
+        rerun re-reports it from its checkpoints without an LLM call. A document a reviewer
+        rejected is settled: it is reported, never analysed again.
+        """
+        docs = {d.document_id: d for d in self.store.documents.rows(document_ids)}
+        candidates = [d for d in document_ids if not (d in docs and docs[d].rejected_by_reviewer)]
+        in_dagster = (
+            self.instance.get_status_by_partition(
+                ANALYSIS_RESULTS, candidates, documents_partitions
+            )
+            or {}
+        )
+        return [
+            d
+            for d in candidates
+            if d not in docs
+            or docs[d].state != State.COMPLETED
+            or in_dagster.get(d) != dg.AssetPartitionStatus.MATERIALIZED
+        ]
+
+    def execute(
+        self, document_ids: Sequence[str], *, verbose: bool = False
+    ) -> list[dict[str, Any]]:
+        """Analyse documents in this process through Dagster, in range runs of contiguous
+        partitions; returns one ``{"run_id", "documents", "success"}`` per run."""
+        job = self.definitions.resolve_job_def(ANALYSIS_JOB_NAME)
+        ordered = self.instance.get_dynamic_partitions(PARTITIONS_NAME)
+        ranges = contiguous_ranges(document_ids, ordered, self.settings.documents_per_run)
+        runs = []
+        for i, batch in enumerate(ranges, 1):
+            self.progress(f"run {i}/{len(ranges)}: {len(batch)} documents …")
+            result = job.execute_in_process(
+                instance=self.instance,
+                tags=range_tags(batch),
+                raise_on_error=False,
+                # The run's events are in the instance (and the UI); the terminal gets the table.
+                run_config=None if verbose else QUIET_RUN_CONFIG,
+            )
+            runs.append(
+                {"run_id": result.run_id, "documents": len(batch), "success": result.success}
+            )
+            outcome = "succeeded" if result.success else "had failures"
+            self.progress(f"run {i}/{len(ranges)}: {outcome}")
+        return runs
+
+    def process_inbox(self, inbox: Path, *, verbose: bool = False) -> dict[str, Any]:
+        """Register the inbox's files and analyse every document not yet completed."""
+        files, document_ids = self.register_inbox(inbox)
+        todo = self.not_done(document_ids)
+        self.progress(f"{len(todo)} to analyse")
+        runs = self.execute(todo, verbose=verbose)
+        return {
+            "inbox": str(inbox),
+            "files": files,
+            "runs": runs,
+            **status_report(self.store, document_ids),
+        }
+
+    # --- backfills and batches ---------------------------------------------------------------
+
+    def backfill_failed(
+        self,
+        *,
+        categories: Iterable[Category] | None = None,
+        since: datetime | None = None,
+        dry_run: bool = False,
+        wait: bool = False,
+        timeout: float = 1800,
+    ) -> dict[str, Any]:
+        """Plan (and unless ``dry_run`` launch) a backfill of the failed documents a rerun can fix."""
+        categories = list(categories or [])
+        plan = plan_failed_backfill(self.instance, self.store, categories=categories, since=since)
+        out: dict[str, Any] = {
+            "dry_run": dry_run,
+            "selected": [c.as_dict() for c in plan.selected],
+            "skipped": [c.as_dict() for c in plan.skipped],
+            "backfill_id": None,
+        }
+        if dry_run or not plan.selected:
+            return out
+        names = ", ".join(c.value for c in categories)
+        title = "failed documents" + (f" ({names})" if categories else "")
+        out["backfill_id"] = launch_backfill(
+            self.instance, self._asset_graph(), plan.document_ids, title=title
+        )
+        if wait:
+            self.progress(f"backfill {out['backfill_id']} launched; waiting for the daemon …")
+            out["status"] = wait_for_backfill(self.instance, out["backfill_id"], timeout=timeout)
+            out.update(status_report(self.store, plan.document_ids))
+        return out
+
+    def submit_batch(
+        self, inbox: Path, name: str, *, wait: bool = False, timeout: float = 1800
+    ) -> dict[str, Any]:
+        """Register a folder as a named batch and launch a backfill for what is pending."""
+        _, document_ids = self.register_inbox(inbox)
+        if not document_ids:
+            raise InputError(f"{inbox} holds no files")
+        batch_id = batch_key(document_ids)
+        self.store.batches.save(batch_id, name, document_ids)
+        pending = self.not_done(document_ids)
+        out: dict[str, Any] = {"pending_at_submit": len(pending), "backfill_id": None}
+        if pending:
+            out["backfill_id"] = launch_backfill(
+                self.instance,
+                self._asset_graph(),
+                pending,
+                title=f"batch {name}",
+                tags={BATCH_TAG: batch_id},
+            )
+            if wait:
+                self.progress(f"backfill {out['backfill_id']} launched; waiting for the daemon …")
+                out["status"] = wait_for_backfill(
+                    self.instance, out["backfill_id"], timeout=timeout
+                )
+        out.update(self.batch_summary(batch_id))
+        return out
+
+    def batch_summary(self, batch_id: str) -> dict[str, Any]:
+        """total / succeeded / failed / pending of a batch, and why each failed."""
+        batch = self.store.batches.get(batch_id)
+        if batch is None:
+            raise InputError(f"no batch {batch_id}")
+        ids = batch.document_ids
+        docs = {d.document_id: d for d in self.store.documents.rows(ids)}
+        failed = [d for d in ids if docs[d].state in (State.FAILED, State.DEAD_LETTER)]
+        succeeded = [d for d in ids if docs[d].state == State.COMPLETED]
+        return {
+            "batch_id": batch_id,
+            "name": batch.name,
+            "total": len(ids),
+            "succeeded": len(succeeded),
+            "failed": len(failed),
+            "pending": len(ids) - len(succeeded) - len(failed),
+            "failed_ids": failed,
+            "failures": {d: _failure(docs[d]) for d in failed},
+        }
+
+    # --- review ------------------------------------------------------------------------------
+
+    def approve(
+        self,
+        document_id: str,
+        *,
+        decision: Decision | None,
+        by: str,
+        note: str | None = None,
+        verbose: bool = False,
+    ) -> dict[str, Any]:
+        """Record the approval, then re-submit the document through Dagster under its task id."""
+        approval = record_approval(self.store, document_id, decision=decision, by=by, note=note)
+        self.progress(
+            f"approved ({approval.decision.value}); re-submitting {document_id} under task "
+            f"{approval.task_id}"
+        )
+        runs = self.execute([document_id], verbose=verbose)
+        report = {"runs": runs, **status_report(self.store, [document_id])}
+        report["history"] = [
+            {"event": h.event, "detail": h.detail, "at": h.at.isoformat()}
+            for h in self.store.events.history(document_id)
+        ]
+        return report
+
+    def _asset_graph(self) -> Any:
+        return self.definitions.get_repository_def().asset_graph

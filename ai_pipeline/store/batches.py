@@ -1,0 +1,40 @@
+"""Batches: named sets of documents submitted together; the batch id is derived from their ids."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+
+from ai_pipeline.store.database import Database
+from ai_pipeline.store.documents import utcnow
+from ai_pipeline.store.rows import Batch
+from ai_pipeline.store.tables import batches
+
+
+class Batches:
+    def __init__(self, db: Database):
+        self.db = db
+
+    def save(self, batch_id: str, name: str, document_ids: Sequence[str]) -> None:
+        """Record a batch; submitting the same documents again only renames it."""
+        now = utcnow()
+        stmt = self.db.insert(batches).values(
+            batch_id=batch_id,
+            name=name,
+            document_ids=list(document_ids),
+            created_at=now,
+            updated_at=now,
+        )
+        with self.db.begin() as conn:
+            conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=["batch_id"],
+                    set_={"name": stmt.excluded.name, "updated_at": stmt.excluded.updated_at},
+                )
+            )
+
+    def get(self, batch_id: str) -> Batch | None:
+        with self.db.connect() as conn:
+            row = conn.execute(sa.select(batches).where(batches.c.batch_id == batch_id)).first()
+        return Batch.from_row(row) if row else None

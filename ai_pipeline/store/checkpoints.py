@@ -1,0 +1,75 @@
+"""Checkpoints: the stored result of one task, keyed by its task id; first write wins.
+
+A checkpoint's existence means its task is done: before any external call the pipeline looks it up,
+and stores the call's result here before doing anything else with it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import sqlalchemy as sa
+
+from ai_pipeline.store.database import Database
+from ai_pipeline.store.documents import utcnow
+from ai_pipeline.store.tables import checkpoints
+
+
+def _loads(value: str | None) -> Any:
+    return json.loads(value) if value is not None else None
+
+
+class Checkpoints:
+    def __init__(self, db: Database):
+        self.db = db
+
+    def get(self, task_id: str) -> dict[str, Any] | None:
+        """The stored payload of a task, or None when the task has not been done."""
+        with self.db.connect() as conn:
+            row = conn.execute(
+                sa.select(checkpoints.c.payload).where(checkpoints.c.task_id == task_id)
+            ).first()
+        return _loads(row.payload) if row else None
+
+    def get_many(self, task_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        query = sa.select(checkpoints.c.task_id, checkpoints.c.payload)
+        rows = self.db.select_in(query, checkpoints.c.task_id, task_ids)
+        return {r.task_id: _loads(r.payload) for r in rows}
+
+    def put(
+        self, task_id: str, document_id: str, step: str, payload: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Store a task's result durably; if one exists already, keep it and return it."""
+        with self.db.begin() as conn:
+            conn.execute(
+                self.db.insert(checkpoints)
+                .values(
+                    task_id=task_id,
+                    document_id=document_id,
+                    step=step,
+                    payload=json.dumps(payload, ensure_ascii=False, sort_keys=True),
+                    created_at=utcnow(),
+                )
+                .on_conflict_do_nothing()
+            )
+        stored = self.get(task_id)
+        assert stored is not None
+        return stored
+
+    def delete(self, task_id: str) -> bool:
+        """Forget a task's result (a reviewer asked for a new answer); True if there was one."""
+        with self.db.begin() as conn:
+            return bool(
+                conn.execute(
+                    sa.delete(checkpoints).where(checkpoints.c.task_id == task_id)
+                ).rowcount
+            )
+
+    def count(self, step: str | None = None) -> int:
+        query = sa.select(sa.func.count()).select_from(checkpoints)
+        if step:
+            query = query.where(checkpoints.c.step == step)
+        with self.db.connect() as conn:
+            return int(conn.execute(query).scalar_one())

@@ -1,0 +1,166 @@
+"""The tables of the results database (SQLAlchemy Core), one ``MetaData`` for SQLite and PostgreSQL.
+
+- ``documents``: one row per document id — state, category, attempts, last error, normalised text,
+  and whether a reviewer rejected it.
+- ``document_sources``: every file name a document arrived under (aliases of one content).
+- ``checkpoints``: the stored result of one task (task id = document + step + prompt version +
+  model); its existence means the task is done. First write wins.
+- ``results``: the analysis, one row per document, ever (written by the results IO manager).
+- ``failure_events``: every classification of a failure, appended, for reports.
+- ``review_queue``: one item per document that needs a person, with a snapshot of its input.
+- ``quarantine``: LLM outputs that failed grounding; kept for audit, never used as results.
+- ``document_history``: what people and the pipeline did to a document (reviews, overrides,
+  dead letter, requeue), appended.
+- ``check_overrides``: stored outputs a reviewer accepted although a check failed.
+- ``submitter_messages``: the outbox of messages to whoever submitted a rejected document.
+- ``batches``: named sets of documents submitted together (the batch id is their content).
+"""
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+documents = sa.Table(
+    "documents",
+    metadata,
+    sa.Column("document_id", sa.String(64), primary_key=True),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("size_bytes", sa.Integer, nullable=False),
+    sa.Column("text", sa.Text, nullable=True),
+    sa.Column("rejected_reason", sa.Text, nullable=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("category", sa.String(32), nullable=True),
+    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Column("attempts", sa.Integer, nullable=False, default=0),
+    sa.Column("task_id", sa.String(128), nullable=True),
+    sa.Column("run_id", sa.String(64), nullable=True),
+    sa.Column("status_message", sa.Text, nullable=True),
+    # Set by a reviewer's rejection: the document is settled, never analysed again.
+    sa.Column(
+        "rejected_by_reviewer", sa.Boolean, nullable=False, default=False, server_default=sa.false()
+    ),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+document_sources = sa.Table(
+    "document_sources",
+    metadata,
+    sa.Column("document_id", sa.String(64), primary_key=True),
+    sa.Column("source", sa.Text, primary_key=True),
+    sa.Column("first_seen_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Index("ix_document_sources_source", "source"),
+)
+
+checkpoints = sa.Table(
+    "checkpoints",
+    metadata,
+    sa.Column("task_id", sa.String(128), primary_key=True),
+    sa.Column("document_id", sa.String(64), nullable=False, index=True),
+    sa.Column("step", sa.String(32), nullable=False),
+    sa.Column("payload", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+results = sa.Table(
+    "results",
+    metadata,
+    sa.Column("document_id", sa.String(64), primary_key=True),
+    sa.Column("keywords", sa.JSON, nullable=False),
+    sa.Column("summary", sa.Text, nullable=False),
+    sa.Column("sentiment", sa.String(16), nullable=False),
+    sa.Column("entities", sa.JSON, nullable=False),
+    sa.Column("confidence", sa.Float, nullable=False),
+    sa.Column("task_id", sa.String(128), nullable=False),
+    sa.Column("model", sa.String(128), nullable=False),
+    sa.Column("prompt_version", sa.String(32), nullable=False),
+    sa.Column("sources", sa.JSON, nullable=False),
+    sa.Column("prompt_tokens", sa.Integer, nullable=True),
+    sa.Column("completion_tokens", sa.Integer, nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+failure_events = sa.Table(
+    "failure_events",
+    metadata,
+    sa.Column("id", sa.Integer, sa.Identity(), primary_key=True),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False, index=True),
+    sa.Column("document_id", sa.String(64), nullable=False, index=True),
+    sa.Column("task_id", sa.String(128), nullable=True),
+    sa.Column("run_id", sa.String(64), nullable=True),
+    sa.Column("category", sa.String(32), nullable=False),
+    sa.Column("layer", sa.String(16), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("error", sa.Text, nullable=False),
+)
+
+review_queue = sa.Table(
+    "review_queue",
+    metadata,
+    sa.Column("document_id", sa.String(64), primary_key=True),
+    sa.Column("task_id", sa.String(128), nullable=True),
+    sa.Column("category", sa.String(32), nullable=False),
+    sa.Column("error", sa.Text, nullable=False),
+    sa.Column("snapshot", sa.JSON, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("decision", sa.String(32), nullable=True),
+    sa.Column("decided_by", sa.String(128), nullable=True),
+    sa.Column("note", sa.Text, nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+quarantine = sa.Table(
+    "quarantine",
+    metadata,
+    sa.Column("task_id", sa.String(128), primary_key=True),
+    sa.Column("document_id", sa.String(64), nullable=False, index=True),
+    sa.Column("output", sa.Text, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+)
+
+history = sa.Table(
+    "document_history",
+    metadata,
+    sa.Column("id", sa.Integer, sa.Identity(), primary_key=True),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("document_id", sa.String(64), nullable=False, index=True),
+    sa.Column("task_id", sa.String(128), nullable=True),
+    sa.Column("event", sa.String(40), nullable=False),
+    sa.Column("detail", sa.Text, nullable=True),
+)
+
+overrides = sa.Table(
+    "check_overrides",
+    metadata,
+    sa.Column("task_id", sa.String(128), primary_key=True),
+    sa.Column("document_id", sa.String(64), nullable=False),
+    sa.Column("decided_by", sa.String(128), nullable=False),
+    sa.Column("note", sa.Text, nullable=True),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+)
+
+outbox = sa.Table(
+    "submitter_messages",
+    metadata,
+    sa.Column("id", sa.Integer, sa.Identity(), primary_key=True),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("document_id", sa.String(64), nullable=False, index=True),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("message_zh", sa.Text, nullable=False),
+    sa.Column("message_en", sa.Text, nullable=False),
+)
+
+batches = sa.Table(
+    "batches",
+    metadata,
+    sa.Column("batch_id", sa.String(32), primary_key=True),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("document_ids", sa.JSON, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)

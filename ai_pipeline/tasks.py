@@ -1,0 +1,47 @@
+"""Task ids and the ``[TASK:<id>]`` log prefix: how one external call is named everywhere.
+
+A task is one external call of a document's work — its LLM analysis, its completion notice. Its id
+(``task_id``) is the call's ``Idempotency-Key``, the key of its checkpoint, and the prefix of every
+log line about it (seed 002 §2): a retry is the same task, a new prompt version or model is not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from ai_pipeline.redaction import redact
+from ai_pipeline.retry import Log
+
+ANALYSE_STEP = "analyse"
+NOTIFY_STEP = "notify"
+
+
+def task_id(document_id: str, step: str, prompt_version: str, model: str) -> str:
+    """The idempotency key of one external call: a retry is the same task, a new prompt is not.
+
+    The model name is hashed (it may hold ``/`` or ``:``, e.g. ``meta-llama/Llama-3:8b``) so that the
+    id stays safe in headers, file names and log prefixes.
+    """
+    model_tag = hashlib.sha256(model.encode("utf-8")).hexdigest()[:8]
+    return f"{document_id}-{step}-{prompt_version}-{model_tag}"
+
+
+def document_of(task: str) -> str:
+    """The document id a task id was built from (document ids are hex: they hold no ``-``)."""
+    return task.split("-", 1)[0]
+
+
+class TaskLog:
+    """Prefixes every line about a task with ``[TASK:<task id>]`` and redacts secrets from it."""
+
+    def __init__(self, log: Log, task: str):
+        self._log, self.prefix = log, f"[TASK:{task}]"
+
+    def info(self, msg: str) -> None:
+        self._log.info(redact(f"{self.prefix} {msg}"))
+
+    def warning(self, msg: str) -> None:
+        self._log.warning(redact(f"{self.prefix} {msg}"))
+
+    def error(self, msg: str) -> None:
+        self._log.error(redact(f"{self.prefix} {msg}"))

@@ -1,0 +1,32 @@
+"""The store's fixtures: an empty results database on SQLite (a temporary file) and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ai_pipeline.store import Store
+from ai_pipeline.store.tables import metadata
+
+BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A database URL on the parametrized backend (a new SQLite file, or the session's PG db)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'results.sqlite'}"
+    return str(request.getfixturevalue("pg_test_database_url"))
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    """A Store on empty tables; its connections are closed afterwards."""
+    s = Store(db_url)
+    with s.db.begin() as conn:
+        for table in reversed(metadata.sorted_tables):
+            conn.execute(table.delete())
+    yield s
+    s.db.dispose()

@@ -1,0 +1,126 @@
+"""The connection: one Store per URL, URLs normalised and redacted, the additive migration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+import ai_pipeline.store as store_module
+from ai_pipeline.settings import Settings
+from ai_pipeline.store import Store, get_store
+from ai_pipeline.store.database import normalise_url, redact_url
+
+
+def test_get_store_returns_the_same_object_for_the_same_url(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """get_store caches one Store per (normalised) URL; another URL gets another Store."""
+    monkeypatch.setattr(store_module, "_stores", {})
+    try:
+        first = get_store(db_url)
+        assert get_store(db_url) is first
+        assert get_store(normalise_url(db_url)) is first
+        other = get_store(f"sqlite:///{tmp_path / 'other.sqlite'}")
+        assert other is not first
+        assert first.dialect == ("sqlite" if db_url.startswith("sqlite") else "postgresql")
+    finally:
+        for s in store_module._stores.values():
+            s.db.dispose()
+
+
+def test_the_default_database_is_a_file_beside_the_instance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without AI_PIPELINE_DATABASE_URL the results live in ai_pipeline.sqlite in DAGSTER_HOME."""
+    monkeypatch.delenv("AI_PIPELINE_DATABASE_URL", raising=False)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    assert Settings.load().database_url == f"sqlite:///{tmp_path.resolve() / 'ai_pipeline.sqlite'}"
+    explicit = f"sqlite:///{tmp_path / 'explicit.sqlite'}"
+    monkeypatch.setenv("AI_PIPELINE_DATABASE_URL", explicit)
+    assert Settings.load().database_url == explicit
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("postgresql://u:p@h:5432/db", "postgresql+psycopg2://u:p@h:5432/db"),
+        ("postgres://u@h/db", "postgresql+psycopg2://u@h/db"),
+        ("postgresql+psycopg2://u@h/db", "postgresql+psycopg2://u@h/db"),
+        ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("sqlite:////tmp/x.sqlite", "sqlite:////tmp/x.sqlite"),
+    ],
+)
+def test_normalise_url_maps_bare_postgresql_to_psycopg2(url: str, expected: str) -> None:
+    """A bare postgresql:// (or postgres://) URL gets the psycopg2 driver; others are unchanged."""
+    assert normalise_url(url) == expected
+
+
+def test_store_url_is_normalised(store: Store, db_url: str) -> None:
+    """A Store keeps the normalised URL, so PostgreSQL runs on the psycopg2 driver."""
+    assert store.url == normalise_url(db_url)
+    if db_url.startswith("postgresql"):
+        assert store.url.startswith("postgresql+psycopg2://")
+        assert store.db.engine.dialect.driver == "psycopg2"
+    else:
+        assert store.url == db_url and store.dialect == "sqlite"
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (
+            "postgresql://alice:s3cr3t@db.example:5432/results",
+            "postgresql://alice:***@db.example:5432/results",
+        ),
+        ("postgresql+psycopg2://bob:p%40ss@h/db", "postgresql+psycopg2://bob:***@h/db"),
+        ("postgresql://carol@h/db", "postgresql://carol@h/db"),
+        ("sqlite:////tmp/results.sqlite", "sqlite:////tmp/results.sqlite"),
+    ],
+)
+def test_redact_url_hides_the_password(url: str, expected: str) -> None:
+    """redact_url replaces the password with *** and keeps the rest of the URL."""
+    redacted = redact_url(url)
+    assert redacted == expected
+    assert "s3cr3t" not in redacted and "p%40ss" not in redacted and "p@ss" not in redacted
+
+
+def test_redact_url_of_garbage_says_unparseable() -> None:
+    """A string that is not a URL is not echoed back."""
+    assert redact_url("not a url with password hunter2") == "<unparseable database URL>"
+
+
+def test_a_database_from_before_the_rejection_flag_is_upgraded(tmp_path: Path) -> None:
+    """A results database created before ``rejected_by_reviewer`` existed gains the column on
+    open, and documents a reviewer had rejected (a status message) are flagged."""
+    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "CREATE TABLE documents (document_id VARCHAR(64) PRIMARY KEY, source TEXT NOT NULL,"
+                " kind VARCHAR(16) NOT NULL, size_bytes INTEGER NOT NULL, text TEXT,"
+                " rejected_reason TEXT, state VARCHAR(16) NOT NULL, category VARCHAR(32),"
+                " last_error TEXT, attempts INTEGER NOT NULL, task_id VARCHAR(128),"
+                " run_id VARCHAR(64), status_message TEXT, created_at DATETIME NOT NULL,"
+                " updated_at DATETIME NOT NULL)"
+            )
+        )
+        for did, message in (("a" * 20, "您的材料存在X问题 / rejected"), ("b" * 20, None)):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO documents VALUES (:d, 's.txt', 'txt', 1, 'x', NULL, 'FAILED',"
+                    " 'MODEL_REFUSAL', NULL, 1, NULL, NULL, :m, '2026-01-01', '2026-01-01')"
+                ),
+                {"d": did, "m": message},
+            )
+    engine.dispose()
+
+    store = Store(url)
+    try:
+        flags = {d.document_id: d.rejected_by_reviewer for d in store.documents.rows()}
+        assert flags == {"a" * 20: True, "b" * 20: False}
+        Store(url).db.dispose()  # opening again changes nothing
+    finally:
+        store.db.dispose()

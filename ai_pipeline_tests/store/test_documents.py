@@ -1,0 +1,197 @@
+"""Documents and their sources: registration, aliases, listings without texts, state transitions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ai_pipeline.documents import Document, RejectedFile, load, parse_document
+from ai_pipeline.failures import Category
+from ai_pipeline.states import IllegalTransition, State
+from ai_pipeline.store import Store
+from ai_pipeline.store.rows import DocumentRow, StoredDocument
+
+
+def _doc(text: str, source: str = "doc.txt") -> Document:
+    return parse_document(text.encode("utf-8"), source)
+
+
+def test_register_new_document_returns_true_then_false(store: Store) -> None:
+    """The first registration of a document is new; registering it again is not."""
+    doc = _doc("Quarterly report of Northwind Traders.", "q3.txt")
+    assert store.documents.register(doc) is True
+    assert store.documents.register(doc) is False
+    (row,) = store.documents.rows()
+    assert row.document_id == doc.document_id
+    assert (row.state, row.attempts, row.rejected_reason) == (State.PENDING, 0, None)
+    assert (row.source, row.kind, row.size_bytes) == ("q3.txt", "txt", doc.size_bytes)
+    assert row.rejected_by_reviewer is False
+    assert row.created_at.tzinfo is not None and row.updated_at.tzinfo is not None
+    loaded = store.documents.load(doc.document_id)
+    assert isinstance(loaded, StoredDocument) and loaded.text == doc.text
+
+
+def test_listings_never_carry_a_text(store: Store) -> None:
+    """rows() and get() return DocumentRow, which has no text; only load() reads it."""
+    doc = _doc("A long text that listings must not load.", "long.txt")
+    store.documents.register(doc)
+    for row in [*store.documents.rows(), store.documents.get(doc.document_id)]:
+        assert type(row) is DocumentRow
+        assert not hasattr(row, "text")
+
+
+def test_same_content_under_another_name_is_an_alias(store: Store) -> None:
+    """A second file with the same content adds a source, not a document; the first name stays."""
+    first = _doc("Same content.", "inbox/a.txt")
+    second = _doc("Same content.", "inbox/copy-of-a.txt")
+    assert first.document_id == second.document_id
+    assert store.documents.register(first) is True
+    assert store.documents.register(second) is False
+    assert store.documents.register(second) is False
+    sources = store.documents.sources()
+    assert sources == {first.document_id: ["inbox/a.txt", "inbox/copy-of-a.txt"]}
+    assert store.documents.sources([first.document_id]) == sources
+    assert store.documents.sources(["unknown"]) == {}
+    got = store.documents.get(first.document_id)
+    assert got is not None and got.source == "inbox/a.txt"
+    assert len(store.documents.rows()) == 1
+    assert store.documents.known_sources(["inbox/a.txt", "inbox/b.txt"]) == {"inbox/a.txt"}
+
+
+def test_rejected_file_is_registered_with_its_reason(store: Store, tmp_path: Path) -> None:
+    """A rejected file becomes a PENDING document without text and with its reason."""
+    path = tmp_path / "sheet.xlsx"
+    path.write_bytes(b"PK\x03\x04 not a workbook")
+    rejected = RejectedFile(
+        document_id="0123456789abcdef0123",
+        source=str(path),
+        kind="xlsx",
+        size_bytes=22,
+        reason="unsupported file type '.xlsx'",
+    )
+    assert store.documents.register(rejected) is True
+    row = store.documents.load(rejected.document_id)
+    assert row is not None
+    assert row.text is None
+    assert row.rejected_reason == "unsupported file type '.xlsx'"
+    assert (row.kind, row.size_bytes, row.state) == ("xlsx", 22, State.PENDING)
+    assert store.documents.sources() == {rejected.document_id: [str(path)]}
+
+
+def test_rejected_file_with_a_long_suffix_can_be_registered(store: Store, tmp_path: Path) -> None:
+    """A file whose "suffix" is longer than 16 characters is registered like any rejected file."""
+    path = tmp_path / "Meeting notes v2.final-version-approved"
+    path.write_text("minutes", encoding="utf-8")
+    rejected = load(path)
+    assert isinstance(rejected, RejectedFile)
+    assert rejected.kind == "other"
+    assert store.documents.register(rejected) is True
+    got = store.documents.get(rejected.document_id)
+    assert got is not None and got.state == State.PENDING
+
+
+def test_unknown_ids_give_none_and_nothing(store: Store) -> None:
+    """Looking up an id that was never registered gives None, and no rows."""
+    assert store.documents.get("does-not-exist") is None
+    assert store.documents.load("does-not-exist") is None
+    assert store.documents.rows(["does-not-exist"]) == []
+
+
+def test_rows_filters_by_id_across_many_ids(store: Store) -> None:
+    """rows(ids) returns only those documents, in registration order, for more ids than one IN
+    list may hold."""
+    docs = [_doc(f"document number {i}") for i in range(1200)]
+    for d in docs:
+        store.documents.register(d)
+    wanted = [d.document_id for d in docs[::2]]
+    got = store.documents.rows(wanted + ["unknown"])
+    assert [r.document_id for r in got] == wanted
+    assert len(store.documents.rows()) == 1200
+    assert set(store.documents.sources(wanted)) == set(wanted)
+
+
+def test_transitions_follow_the_state_machine_and_count_attempts(store: Store) -> None:
+    """Legal moves update state, error, category and attempts; the old state is returned."""
+    doc = _doc("A document that fails once and then completes.")
+    store.documents.register(doc)
+    did, move = doc.document_id, store.documents.transition
+    assert move(did, State.QUEUED) is State.PENDING
+    assert move(did, State.RUNNING, run_id="run-1", count_attempt=True) is State.QUEUED
+    assert (
+        move(
+            did,
+            State.FAILED,
+            category=Category.NETWORK_TIMEOUT,
+            error="timed out after 60 s",
+            task_id="task-1",
+        )
+        is State.RUNNING
+    )
+    row = store.documents.get(did)
+    assert row is not None
+    assert (row.state, row.attempts, row.run_id, row.task_id) == (
+        State.FAILED,
+        1,
+        "run-1",
+        "task-1",
+    )
+    assert (row.category, row.last_error) == (Category.NETWORK_TIMEOUT, "timed out after 60 s")
+    move(did, State.QUEUED)
+    move(did, State.RUNNING, run_id="run-2", count_attempt=True)
+    assert move(did, State.COMPLETED) is State.RUNNING
+    row = store.documents.get(did)
+    assert row is not None
+    assert (row.state, row.attempts, row.run_id) == (State.COMPLETED, 2, "run-2")
+    assert row.category is None and row.last_error is None
+
+
+def test_illegal_transition_raises_and_changes_nothing(store: Store) -> None:
+    """An illegal move raises IllegalTransition and leaves state and attempts as they were."""
+    doc = _doc("Illegal moves are refused.")
+    store.documents.register(doc)
+    did = doc.document_id
+    with pytest.raises(IllegalTransition) as info:
+        store.documents.transition(did, State.COMPLETED, count_attempt=True)
+    assert (info.value.current, info.value.target) == (State.PENDING, State.COMPLETED)
+    assert "PENDING -> COMPLETED" in str(info.value)
+    row = store.documents.get(did)
+    assert row is not None and (row.state, row.attempts) == (State.PENDING, 0)
+    store.documents.transition(did, State.CANCELLED)
+    with pytest.raises(IllegalTransition, match="CANCELLED -> QUEUED"):
+        store.documents.transition(did, State.QUEUED)
+    row = store.documents.get(did)
+    assert row is not None and row.state == State.CANCELLED
+
+
+def test_same_state_transition_is_a_no_op_that_may_count_an_attempt(store: Store) -> None:
+    """Moving to the current state succeeds; count_attempt still counts it."""
+    doc = _doc("Same state twice.")
+    store.documents.register(doc)
+    did = doc.document_id
+    assert store.documents.transition(did, State.PENDING) is State.PENDING
+    store.documents.transition(did, State.QUEUED)
+    store.documents.transition(did, State.RUNNING, count_attempt=True)
+    store.documents.transition(did, State.RUNNING, count_attempt=True)
+    row = store.documents.get(did)
+    assert row is not None and (row.state, row.attempts) == (State.RUNNING, 2)
+
+
+def test_transition_of_unknown_document_is_a_key_error(store: Store) -> None:
+    """Moving a document that was never registered raises KeyError naming it."""
+    with pytest.raises(KeyError, match="unknown document nope"):
+        store.documents.transition("nope", State.QUEUED)
+
+
+def test_a_reviewer_rejection_is_its_own_flag(store: Store) -> None:
+    """mark_rejected sets rejected_by_reviewer and the message, and leaves the state alone."""
+    doc = _doc("Rejected by a person.")
+    store.documents.register(doc)
+    store.documents.mark_rejected(doc.document_id, "您的材料存在文件损坏问题 / damaged")
+    row = store.documents.get(doc.document_id)
+    assert row is not None
+    assert row.rejected_by_reviewer is True
+    assert row.status_message == "您的材料存在文件损坏问题 / damaged"
+    assert row.state == State.PENDING
+    with pytest.raises(KeyError):
+        store.documents.mark_rejected("nope", "x")

@@ -1,0 +1,103 @@
+"""Checkpoints (first write wins) and results (one upserted row per document, ever)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from ai_pipeline.store import Store
+from ai_pipeline.store import results as results_module
+from ai_pipeline.store.rows import ResultRow
+
+
+def _result_row(document_id: str) -> ResultRow:
+    return ResultRow(
+        document_id=document_id,
+        keywords=["物流", "合同", "delivery"],
+        summary="杭州星禾科技有限公司与 ACME Logistics 签订了仓储合同。",
+        sentiment="neutral",
+        entities=["杭州星禾科技有限公司", "ACME Logistics"],
+        confidence=0.9,
+        task_id=f"{document_id}-analyse-v1-sim",
+        model="sim-analyst-1",
+        prompt_version="v1",
+        sources=["inbox/合同.txt", "inbox/contract-copy.txt"],
+        prompt_tokens=120,
+        completion_tokens=45,
+    )
+
+
+def test_put_checkpoint_first_write_wins(store: Store) -> None:
+    """A second put for the same task keeps and returns the first payload."""
+    first = {"summary": "第一次", "confidence": 0.9, "keywords": ["a"]}
+    second = {"summary": "second attempt", "confidence": 0.1}
+    assert store.checkpoints.put("task-1", "doc-1", "analyse", first) == first
+    assert store.checkpoints.put("task-1", "doc-1", "analyse", second) == first
+    assert store.checkpoints.get("task-1") == first
+    assert store.checkpoints.count() == 1
+    assert store.checkpoints.count("analyse") == 1
+    assert store.checkpoints.count("other-step") == 0
+
+
+def test_checkpoints_lookup_and_delete(store: Store) -> None:
+    """get_many returns only existing tasks; delete removes one and reports it."""
+    store.checkpoints.put("t1", "d1", "analyse", {"n": 1})
+    store.checkpoints.put("t2", "d2", "analyse", {"n": 2})
+    assert store.checkpoints.get_many(["t1", "t2", "t3"]) == {"t1": {"n": 1}, "t2": {"n": 2}}
+    assert store.checkpoints.get_many([]) == {}
+    assert store.checkpoints.get("t3") is None
+    assert store.checkpoints.delete("t1") is True
+    assert store.checkpoints.delete("t1") is False
+    assert store.checkpoints.get("t1") is None
+    assert store.checkpoints.put("t1", "d1", "analyse", {"n": 3}) == {"n": 3}
+
+
+def test_upsert_results_twice_keeps_one_row_with_new_values(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two upserts of one document leave one row: the second values, the first created_at."""
+    t1 = datetime(2024, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+    t2 = t1 + timedelta(hours=1)
+    times = iter([t1, t2])
+    monkeypatch.setattr(results_module, "utcnow", lambda: next(times))
+    assert store.results.upsert([_result_row("doc-1")]) == 1
+    changed = replace(
+        _result_row("doc-1"), summary="更新后的摘要", sentiment="positive", confidence=0.8
+    )
+    assert store.results.upsert([changed]) == 1
+    assert store.results.count() == 1
+    (row,) = store.results.get()
+    assert (row.summary, row.sentiment, row.confidence) == ("更新后的摘要", "positive", 0.8)
+    assert (row.created_at, row.updated_at) == (t1, t2)
+
+
+def test_upsert_of_one_document_twice_in_one_call_keeps_the_last(store: Store) -> None:
+    """Two rows for one document in one call give one row, the last one's values."""
+    first, last = _result_row("d"), replace(_result_row("d"), summary="the last word")
+    assert store.results.upsert([first, last]) == 1
+    (row,) = store.results.get()
+    assert row.summary == "the last word"
+
+
+def test_upsert_results_of_several_documents(store: Store) -> None:
+    """One call can insert several documents; get filters and sorts by id."""
+    assert store.results.upsert([]) == 0
+    rows = [_result_row("b"), _result_row("a"), _result_row("c")]
+    assert store.results.upsert(rows) == 3
+    assert [r.document_id for r in store.results.get()] == ["a", "b", "c"]
+    assert [r.document_id for r in store.results.get(["c", "a"])] == ["a", "c"]
+    assert store.results.count() == 3
+
+
+def test_result_json_columns_round_trip_chinese_lists(store: Store) -> None:
+    """keywords, entities and sources come back as the same lists, Chinese text intact."""
+    row = replace(_result_row("doc-zh"), entities=["杭州星禾科技有限公司", "ＡＣＭＥ", "Zoë"])
+    store.results.upsert([row])
+    (got,) = store.results.get(["doc-zh"])
+    for column in ("keywords", "entities", "sources"):
+        assert getattr(got, column) == getattr(row, column)
+        assert isinstance(getattr(got, column), list)
+    assert got.summary == row.summary
+    assert (got.prompt_tokens, got.completion_tokens) == (120, 45)

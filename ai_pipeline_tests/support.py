@@ -1,0 +1,193 @@
+"""Helpers the tests share: sample documents, ids, statuses, the pipeline's entry points, fakes.
+
+Fixtures live in ``conftest.py``; everything a test module imports lives here, so no test module
+imports from another.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from ai_pipeline.defs.jobs import RANGE_END_TAG, RANGE_START_TAG
+from ai_pipeline.defs.launch import Launcher
+from ai_pipeline.defs.partitions import documents_partitions
+from ai_pipeline.documents import content_id, normalise_text
+from ai_pipeline.prompts import ANALYSIS
+from ai_pipeline.settings import Settings
+from ai_pipeline.store import Store, get_store
+from ai_pipeline.tasks import ANALYSE_STEP, NOTIFY_STEP, task_id
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+TEST_API_KEY = "sk-test-0123456789abcdef"
+TEST_MODEL = "sim-analyst-1"
+STATUS = dg.AssetPartitionStatus
+RANGE_START, RANGE_END = RANGE_START_TAG, RANGE_END_TAG
+TERMINAL = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
+
+
+# --- documents -----------------------------------------------------------------------------------
+
+
+def make_inbox(folder: Path, files: dict[str, str | bytes]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content, encoding="utf-8")
+    return folder
+
+
+def sample_text(i: int) -> str:
+    """A small, distinct, valid English document that the simulator analyses cleanly."""
+    return (
+        f"Order {i} for Harbor Supplies was delivered to Lisbon on time. "
+        f"Customer Ana Ribeiro praised the excellent packaging of shipment {i}. "
+        "The team resolved every question quickly."
+    )
+
+
+def doc_id(text: str) -> str:
+    """The document id of a text document with this content."""
+    return content_id(normalise_text(text).encode("utf-8"))
+
+
+def task_of(document_id: str) -> str:
+    """The analysis task id of a document under the test model and the current prompt."""
+    return task_id(document_id, ANALYSE_STEP, ANALYSIS.version, TEST_MODEL)
+
+
+# --- the pipeline --------------------------------------------------------------------------------
+
+
+def results_store() -> Store:
+    """The results database the environment points at (as every command would open it)."""
+    return get_store(Settings.load().database_url)
+
+
+def launcher(instance: dg.DagsterInstance | None = None) -> Launcher:
+    """The application layer for the test's instance (``DAGSTER_HOME``) and the code location."""
+    from ai_pipeline.definitions import defs
+
+    return Launcher(instance or dg.DagsterInstance.get(), defs)
+
+
+def process_inbox(inbox: Path, **kwargs: Any) -> dict[str, Any]:
+    """Register and analyse a folder through Dagster, as ``ai-pipeline run`` does."""
+    return launcher().process_inbox(inbox, **kwargs)
+
+
+def cli(*argv: str) -> int:
+    """Run ``ai-pipeline ARGV`` in this process; returns the exit code."""
+    from ai_pipeline.cli import main
+
+    return main(list(argv))
+
+
+def statuses(instance: dg.DagsterInstance, asset_key: dg.AssetKey, keys: list[str]) -> dict:
+    return dict(instance.get_status_by_partition(asset_key, keys, documents_partitions) or {})
+
+
+def user_messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    """The log lines our code wrote in a run (Dagster's own events left out)."""
+    return [r.user_message for r in instance.all_logs(run_id) if r.dagster_event is None]
+
+
+# --- processes -----------------------------------------------------------------------------------
+
+
+def kill_when(
+    script: str, args: list[str], window: Callable[[], bool], tmp_path: Path, *, settle: float = 0
+) -> None:
+    """Run ``script`` in a child process and SIGKILL it once ``window()`` is true.
+
+    The script monkeypatches one store method to stall, which holds the child inside the window
+    (after one durable write, before the next); everything else it runs is the real code.
+    """
+    path = tmp_path / "run_and_stall.py"
+    path.write_text(script)
+    proc = subprocess.Popen(
+        [sys.executable, str(path), *args],
+        env=os.environ.copy(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not window():
+            assert proc.poll() is None, "the run ended before it could be killed"
+            if time.monotonic() > deadline:
+                pytest.fail("the run never reached the window it should be killed in")
+            time.sleep(0.05)
+        time.sleep(settle)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+# --- fakes for plain code ------------------------------------------------------------------------
+
+
+class FakeTime:
+    """A clock that moves only when the code under test sleeps; every sleep is recorded, none is
+    real. ``extra`` is added to the clock on each sleep, to make a wait outlast a window."""
+
+    def __init__(self, start: float = 10_000.0, extra: float = 0.0) -> None:
+        self.now = start
+        self.extra = extra
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds + self.extra
+
+
+class RecordingLog:
+    """A log that keeps its lines, by level."""
+
+    def __init__(self) -> None:
+        self.infos: list[str] = []
+        self.warnings: list[str] = []
+        self.errors: list[str] = []
+
+    def info(self, msg: str) -> None:
+        self.infos.append(msg)
+
+    def warning(self, msg: str) -> None:
+        self.warnings.append(msg)
+
+    def error(self, msg: str) -> None:
+        self.errors.append(msg)
+
+    @property
+    def lines(self) -> list[str]:
+        return [*self.infos, *self.warnings, *self.errors]
+
+
+def notice_key(document_id: str) -> str:
+    """The Idempotency-Key of a document's completion notice: its notice task id."""
+    return task_id(document_id, NOTIFY_STEP, ANALYSIS.version, TEST_MODEL)
+
+
+def by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The documents of a status report (``status --json``, a run's outcome) by id."""
+    return {d["document_id"]: d for d in report["documents"]}

@@ -1,0 +1,246 @@
+"""The batch engine without Dagster: ``Analyser`` and ``run_batch`` on a real SQLite store, with
+the openai SDK over HTTP against the simulator."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from ai_pipeline.batch import run_batch
+from ai_pipeline.documents import parse_document
+from ai_pipeline.engine import STAGES, Analyser, StageDone, StageFailed, requeue
+from ai_pipeline.failures import Category
+from ai_pipeline.llm import LLMClient
+from ai_pipeline.rehearsal.faults import SimulatorConfig
+from ai_pipeline.rehearsal.simulator import SimulatorServer
+from ai_pipeline.review import reject
+from ai_pipeline.states import State
+from ai_pipeline.store import Store
+from ai_pipeline.store.rows import ResultRow, ReviewStatus
+from ai_pipeline_tests.support import (
+    TEST_API_KEY,
+    TEST_MODEL,
+    FakeTime,
+    RecordingLog,
+    doc_id,
+    sample_text,
+    task_of,
+)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(f"sqlite:///{tmp_path / 'engine.sqlite'}")
+    yield s
+    s.db.dispose()
+
+
+def register(store: Store, texts: Sequence[str]) -> list[str]:
+    ids = []
+    for i, text in enumerate(texts):
+        doc = parse_document(text.encode("utf-8"), f"inbox/doc-{i}.txt")
+        store.documents.register(doc)
+        ids.append(doc.document_id)
+    return ids
+
+
+def analyser(
+    store: Store,
+    simulator: SimulatorServer,
+    *,
+    log: RecordingLog | None = None,
+    results: object | None = None,
+    retry_budget: int = 3,
+) -> Analyser:
+    fake = FakeTime()
+    client = LLMClient(
+        base_url=simulator.base_url,
+        api_key=TEST_API_KEY,
+        model=TEST_MODEL,
+        max_concurrency=4,
+        sleep=fake.sleep,
+        clock=fake.clock,
+    )
+    return Analyser(
+        store,
+        client,
+        results or store.results,  # type: ignore[arg-type]
+        log=log or RecordingLog(),
+        run_id="run-1",
+        retry_budget=retry_budget,
+    )
+
+
+def run(a: Analyser, ids: Sequence[str]) -> dict[str, list[StageDone | StageFailed]]:
+    return dict(run_batch(a, ids))
+
+
+def test_a_batch_completes_every_document_once(store: Store, simulator: SimulatorServer) -> None:
+    """Every document of a batch gets one call, one results row, COMPLETED, and its stages."""
+    ids = register(store, [sample_text(i) for i in range(6)])
+
+    events = run(analyser(store, simulator), ids)
+
+    assert set(events) == set(ids)
+    for d in ids:
+        assert [e.stage for e in events[d]] == list(STAGES)
+        assert all(isinstance(e, StageDone) for e in events[d])
+        assert simulator.requests_for(task_of(d)) == 1
+    assert [r.document_id for r in store.results.get()] == sorted(ids)
+    assert {d.state for d in store.documents.rows()} == {State.COMPLETED}
+    assert store.events.failures() == []
+
+
+def test_a_checkpointed_answer_is_never_bought_again(
+    store: Store, simulator: SimulatorServer
+) -> None:
+    """A second batch over completed documents makes no call and still reports every stage."""
+    ids = register(store, [sample_text(i) for i in range(3)])
+    run(analyser(store, simulator), ids)
+
+    again = run(analyser(store, simulator), ids)
+
+    assert simulator.stats()["total"] == 3
+    llm = [e for d in ids for e in again[d] if e.stage == "llm_analysis"]
+    assert [e.metadata["from_checkpoint"] for e in llm] == [True] * 3  # type: ignore[union-attr]
+    assert store.results.count() == 3
+
+
+def test_one_failure_fails_that_document_alone(store: Store, simulator: SimulatorServer) -> None:
+    """A 400 for one document fails it (INPUT_QUALITY_ISSUE, a review item with a snapshot);
+    the others complete, and every line about it carries its task id."""
+    bad_text = "Poison request for Vega Instruments in Oslo. " + sample_text(99)
+    ids = register(store, [sample_text(1), bad_text, sample_text(2)])
+    bad = doc_id(bad_text)
+    simulator.set_faults([{"kind": "status", "status": 400, "match": "Poison request"}])
+    log = RecordingLog()
+
+    events = run(analyser(store, simulator, log=log), ids)
+
+    (failure,) = [e for e in events[bad] if isinstance(e, StageFailed)]
+    assert (failure.stage, failure.category, failure.task_id) == (
+        "llm_analysis",
+        Category.INPUT_QUALITY_ISSUE,
+        task_of(bad),
+    )
+    assert [e.stage for e in events[bad] if isinstance(e, StageDone)] == ["document_text"]
+    row = store.documents.get(bad)
+    assert row is not None
+    assert (row.state, row.category, row.attempts) == (State.FAILED, failure.category, 1)
+    item = store.reviews.get(bad)
+    assert item is not None and item.status == ReviewStatus.OPEN
+    assert item.snapshot.first_characters.startswith("Poison request")
+    assert [e.category for e in store.events.failures(bad)] == [Category.INPUT_QUALITY_ISSUE]
+    assert {d for d in ids if d != bad} == {r.document_id for r in store.results.get()}
+    about_bad = [line for line in log.lines if bad in line]
+    assert about_bad and all(line.startswith(f"[TASK:{task_of(bad)}]") for line in about_bad)
+
+
+def test_retryable_failures_end_in_the_dead_letter(
+    store: Store, simulator: SimulatorServer
+) -> None:
+    """A document that fails retryably ``retry_budget`` times moves to DEAD_LETTER; requeue puts
+    it back with its attempts reset."""
+    (d,) = register(store, [sample_text(5)])
+    simulator.set_faults([{"kind": "status", "status": 503}])
+    for attempt in (1, 2):
+        run(analyser(store, simulator, retry_budget=2), [d])
+        row = store.documents.get(d)
+        assert row is not None and row.attempts == attempt
+    row = store.documents.get(d)
+    assert row is not None and row.state == State.DEAD_LETTER
+    assert [h.event for h in store.events.history(d)] == ["DEAD_LETTER"]
+    assert simulator.requests_for(task_of(d)) == 6, "three requests per run, two runs"
+
+    assert requeue(store, d, by="ops") is True
+    row = store.documents.get(d)
+    assert row is not None and (row.state, row.attempts) == (State.QUEUED, 0)
+    assert requeue(store, d, by="ops") is False
+    with pytest.raises(KeyError):
+        requeue(store, "unknown", by="ops")
+
+
+def test_a_rejected_document_is_never_processed(store: Store, simulator: SimulatorServer) -> None:
+    """A document a reviewer rejected makes no call and is reported failed with the rejection."""
+    (d,) = register(store, [sample_text(7)])
+    simulator.set_faults([{"kind": "status", "status": 422}])
+    run(analyser(store, simulator), [d])
+    reject(store, d, reason="文件损坏", by="qa")
+    simulator.set_faults([])
+    calls = simulator.stats()["total"]
+
+    events = run(analyser(store, simulator), [d])
+
+    (failure,) = events[d]
+    assert isinstance(failure, StageFailed) and "rejected by a reviewer" in failure.error
+    assert simulator.stats()["total"] == calls
+    assert store.results.count() == 0
+
+
+def test_a_bug_fails_one_document_as_internal_error(
+    store: Store, simulator: SimulatorServer
+) -> None:
+    """An unexpected exception while storing one document fails it alone, INTERNAL_ERROR."""
+    ids = register(store, [sample_text(10), sample_text(11)])
+    broken = ids[0]
+
+    class Writer:
+        def upsert(self, rows: Sequence[ResultRow]) -> int:
+            if rows[0].document_id == broken:
+                raise ZeroDivisionError("a bug")
+            return store.results.upsert(rows)
+
+    events = run(analyser(store, simulator, results=Writer()), ids)
+
+    (failure,) = [e for e in events[broken] if isinstance(e, StageFailed)]
+    assert failure.category == Category.INTERNAL_ERROR
+    assert failure.stage == "analysis_results"
+    assert "ZeroDivisionError: a bug" in failure.error
+    done = store.documents.get(ids[1])
+    assert done is not None and done.state == State.COMPLETED
+
+
+def test_an_unregistered_document_is_an_internal_error(
+    store: Store, simulator: SimulatorServer
+) -> None:
+    """Asking for a document the store does not know fails it without a call."""
+    events = run(analyser(store, simulator), ["0" * 20])
+    (failure,) = events["0" * 20]
+    assert isinstance(failure, StageFailed) and failure.category == Category.INTERNAL_ERROR
+    assert simulator.stats()["total"] == 0
+
+
+def test_log_lines_reach_the_callers_thread(store: Store, simulator: SimulatorServer) -> None:
+    """Lines written while documents run on the worker thread are logged on the caller's."""
+    ids = register(store, [sample_text(20), sample_text(21)])
+    threads: set[str] = set()
+
+    class ThreadLog(RecordingLog):
+        def info(self, msg: str) -> None:
+            threads.add(threading.current_thread().name)
+            super().info(msg)
+
+    log = ThreadLog()
+    run(analyser(store, simulator, log=log), ids)
+    assert threads == {threading.current_thread().name}
+    assert any(line.endswith("completed") for line in log.infos)
+
+
+def test_closing_the_batch_early_cancels_the_rest(store: Store) -> None:
+    """Stopping after the first finished document cancels the documents still waiting."""
+    ids = register(store, [sample_text(30 + i) for i in range(8)])
+    with SimulatorServer(SimulatorConfig(latency_ms=200)) as slow:
+        a = analyser(store, slow)
+        a.llm = LLMClient(
+            base_url=slow.base_url, api_key=TEST_API_KEY, model=TEST_MODEL, max_concurrency=1
+        )
+        batch = run_batch(a, ids)
+        first, _ = next(batch)
+        batch.close()
+        assert first in ids
+        assert slow.stats()["total"] <= 2, "one answered, at most one more in flight"
+    states = {d.state for d in store.documents.rows() if d.document_id != first}
+    assert State.COMPLETED not in states
