@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import re
+import stat
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +30,9 @@ class DocumentError(Exception):
     """A file that cannot become a document: the reason is meant for the person who sent it."""
 
     def __init__(self, path: str | Path, reason: str):
-        super().__init__(f"{path}: {reason}")
-        self.path = str(path)
+        shown = display_path(path)
+        super().__init__(f"{shown}: {reason}")
+        self.path = shown
         self.reason = reason
 
 
@@ -127,9 +130,27 @@ def kind_of(path: Path) -> str:
     return {".markdown": "md", ".htm": "html"}.get(suffix, suffix.lstrip("."))
 
 
+def display_path(path: str | Path) -> str:
+    """A path as text that is always valid UTF-8: undecodable bytes of a name become ``\\xNN``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _open_regular(path: Path) -> int:
+    """A file descriptor of ``path``, which must be a regular file. Opened without blocking, so a
+    named pipe put where a file was never hangs the reader."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DocumentError(display_path(path), "not a regular file")
+    return fd
+
+
 def read_document(path: str | Path, *, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> Document:
     """Read one file into a Document, or raise DocumentError naming the file and the reason."""
     path = Path(path)
+    shown = display_path(path)
+    if shown != str(path):
+        raise DocumentError(shown, "the file name is not valid UTF-8; rename the file")
     if path.suffix.lower() not in SUPPORTED_SUFFIXES:
         raise DocumentError(
             path,
@@ -137,13 +158,22 @@ def read_document(path: str | Path, *, max_bytes: int = DEFAULT_MAX_DOCUMENT_BYT
             f"supported: {', '.join(SUPPORTED_SUFFIXES)}",
         )
     try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise DocumentError(path, f"too large: {size} bytes, the limit is {max_bytes}")
-        data = path.read_bytes()
+        fd = _open_regular(path)
+        with os.fdopen(fd, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > max_bytes:
+                raise DocumentError(path, f"too large: {size} bytes, the limit is {max_bytes}")
+            data = f.read(max_bytes + 1)
     except OSError as e:
         raise DocumentError(path, f"cannot be read ({e.strerror or e})") from e
+    if len(data) > max_bytes:  # it grew while it was read
+        raise DocumentError(path, f"too large: over {max_bytes} bytes, the limit")
     return parse_document(data, path)
+
+
+def _visible(text: str) -> bool:
+    """Whether the text has a character a reader can see (not a control, format or space)."""
+    return any(unicodedata.category(ch)[0] not in "CZ" for ch in text)
 
 
 def parse_document(data: bytes, path: str | Path) -> Document:
@@ -164,31 +194,42 @@ def parse_document(data: bytes, path: str | Path) -> Document:
         text = normalise_text(raw)
         if not text:
             raise DocumentError(path, "the file has no text (only white space or markup)")
+        if not _visible(text):
+            raise DocumentError(
+                path, "the file has no readable text (only control or invisible characters)"
+            )
         document_id = content_id(text.encode("utf-8"))
     return Document(
-        document_id=document_id, source=str(path), kind=kind, size_bytes=len(data), text=text
+        document_id=document_id,
+        source=display_path(path),
+        kind=kind,
+        size_bytes=len(data),
+        text=text,
     )
 
 
 def reject(path: str | Path, reason: str) -> RejectedFile:
-    """Describe a file that could not be read; its id comes from whatever bytes it has.
+    """Describe a file that could not be read; its id comes from its name and whatever bytes it has.
 
-    The bytes are hashed in chunks, so an oversize file is never held in memory.
+    The name is part of the id, so two bad files (two empty ones, say) never become one document
+    whose error names the other; the same bad file seen again is the same document. A prefix keeps
+    "unreadable" apart from every real document. The bytes are hashed in chunks, so an oversize
+    file is never held in memory, and only a regular file is opened at all.
     """
     path = Path(path)
-    # Hashed with a prefix so that "unreadable" and a real document never share an id.
-    digest = hashlib.sha256(b"rejected\x00")
+    source = display_path(path)
+    digest = hashlib.sha256(b"rejected\x00" + source.encode("utf-8") + b"\x00")
     size = 0
     try:
-        with path.open("rb") as f:
+        with os.fdopen(_open_regular(path), "rb") as f:
             while chunk := f.read(1 << 20):
                 digest.update(chunk)
                 size += len(chunk)
-    except OSError:
+    except (OSError, DocumentError):
         pass
     return RejectedFile(
         document_id=digest.hexdigest()[:ID_HEX_LENGTH],
-        source=str(path),
+        source=source,
         kind=kind_of(path),
         size_bytes=size,
         reason=reason,

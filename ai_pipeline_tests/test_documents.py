@@ -21,7 +21,7 @@ from ai_pipeline.documents import (
     read_document,
     reject,
 )
-from ai_pipeline_tests.support import EXAMPLES
+from ai_pipeline_tests.support import EXAMPLES, rejected_id
 
 INBOX = EXAMPLES / "inbox"
 BAD = EXAMPLES / "bad"
@@ -155,7 +155,7 @@ def test_rejected_id_differs_from_the_document_id_of_the_same_bytes() -> None:
     """A rejection of a readable file never shares the id of the document made of it."""
     rejected = reject(TICKET, "some reason")
     assert rejected.document_id != read_document(TICKET).document_id
-    assert rejected.document_id == content_id(b"rejected\x00" + TICKET.read_bytes())
+    assert rejected.document_id == rejected_id(TICKET)
 
 
 # --- formats -----------------------------------------------------------------------------------

@@ -36,15 +36,20 @@ def _make_inbox(root: Path) -> Path:
 
 
 def test_first_scan_finds_all_visible_files(tmp_path: Path) -> None:
-    """A scan without a cursor finds every file, recursively, and skips hidden files and folders."""
+    """A scan without a cursor finds every file, recursively; hidden files and folders are
+    skipped (and said so, once: the cursor moves past them too)."""
     inbox = _make_inbox(tmp_path)
     scan = scan_inbox(inbox)
     assert sorted(scan.paths) == sorted([inbox / "a.txt", inbox / "b.md", inbox / "sub" / "c.html"])
-    newest = max(_arrival_ns(p) for p in scan.paths)
+    assert sorted(s.path for s in scan.skipped) == [str(inbox / ".git"), str(inbox / ".hidden.txt")]
+    assert all("hidden" in s.reason for s in scan.skipped)
+    entries = [*scan.paths, inbox / ".git", inbox / ".hidden.txt"]
+    newest = max(_arrival_ns(p) for p in entries)
     assert scan.cursor.arrived_ns == newest
     assert scan.cursor.names == {
-        str(p.relative_to(inbox)) for p in scan.paths if _arrival_ns(p) == newest
+        str(p.relative_to(inbox)) for p in entries if _arrival_ns(p) == newest
     }
+    assert scan_inbox(inbox, scan.cursor).skipped == []
 
 
 def test_scan_paths_are_ordered_by_arrival(tmp_path: Path) -> None:
@@ -184,15 +189,15 @@ def test_list_files_expands_folders_sorted_and_skips_hidden(tmp_path: Path) -> N
     inbox = _make_inbox(tmp_path)
     extra = tmp_path / "extra.txt"
     extra.write_text("extra", encoding="utf-8")
-    files = list_files([extra, inbox])
+    files = list_files([extra, inbox]).files
     assert files == sorted([extra, inbox / "a.txt", inbox / "b.md", inbox / "sub" / "c.html"])
-    assert list_files([str(inbox / "sub")]) == [inbox / "sub" / "c.html"]
-    assert list_files([]) == []
+    assert list_files([str(inbox / "sub")]).files == [inbox / "sub" / "c.html"]
+    assert list_files([]).files == []
 
 
 def test_list_files_on_examples_finds_all_samples() -> None:
     """list_files of the two example folders returns their 21 files, bad ones first by name."""
-    files = list_files([INBOX, BAD])
+    files = list_files([INBOX, BAD]).files
     assert len(files) == 21
     assert files == sorted(files)
     assert files[0].parent == BAD

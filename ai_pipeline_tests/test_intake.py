@@ -35,7 +35,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 
 def _register_examples(store: Store) -> list[Registered]:
-    paths = list_files([INBOX]) + list_files([BAD])
+    paths = list_files([INBOX]).files + list_files([BAD]).files
     return register_files(store, paths, max_bytes=DEFAULT_MAX_DOCUMENT_BYTES)
 
 
