@@ -16,11 +16,16 @@ MODEL_REFUSAL          model     no         human review, prompt fix            
 MODEL_HALLUCINATION    model     no         quarantine the output, audit                quarantined
 DUPLICATE_EXECUTION    business  no         the downstream already has it: done         done
 BUSINESS_REJECTED      business  no         human review queue                          review
+RUN_INTERRUPTED        runtime   yes        its run ended first: rerun the document     retry
+DATABASE_UNAVAILABLE   runtime   yes        the results database stayed unreachable     retry
 INTERNAL_ERROR         internal  no         a bug or an unexpected error: look at it    failed
 =====================  ========  =========  ==========================================  ===========
 
 ``retryable`` means a later run (a backfill) can fix it without a person; it does not mean "retry
-now". Only NETWORK_TIMEOUT is retried within the run, and RATE_LIMIT_EXCEEDED waits once.
+now". Only NETWORK_TIMEOUT is retried within the run, and RATE_LIMIT_EXCEEDED waits once. The
+runtime layer is the pipeline's own ground: the Dagster run that held a document (killed,
+terminated from the UI, a worker that died: ``ai_pipeline.reconcile``) and the results database
+(retried for a while by ``ai_pipeline.store.database`` before it counts).
 
 HTTP statuses (``category_for_status``), for the LLM endpoint and for downstream receivers:
 
@@ -48,6 +53,7 @@ class Layer(str, enum.Enum):
     PROTOCOL = "protocol"
     MODEL = "model"
     BUSINESS = "business"
+    RUNTIME = "runtime"
     INTERNAL = "internal"
 
 
@@ -70,6 +76,8 @@ class Category(str, enum.Enum):
     MODEL_HALLUCINATION = "MODEL_HALLUCINATION"
     DUPLICATE_EXECUTION = "DUPLICATE_EXECUTION"
     BUSINESS_REJECTED = "BUSINESS_REJECTED"
+    RUN_INTERRUPTED = "RUN_INTERRUPTED"
+    DATABASE_UNAVAILABLE = "DATABASE_UNAVAILABLE"
     INTERNAL_ERROR = "INTERNAL_ERROR"
 
     @property
@@ -123,6 +131,12 @@ RULES: dict[Category, Rule] = {
     ),
     Category.BUSINESS_REJECTED: Rule(
         Layer.BUSINESS, False, Disposition.REVIEW, "no retry; human review queue"
+    ),
+    Category.RUN_INTERRUPTED: Rule(
+        Layer.RUNTIME, True, Disposition.RETRY, "the run ended before the document did; rerun it"
+    ),
+    Category.DATABASE_UNAVAILABLE: Rule(
+        Layer.RUNTIME, True, Disposition.RETRY, "the results database was unreachable; rerun it"
     ),
     Category.INTERNAL_ERROR: Rule(
         Layer.INTERNAL, False, Disposition.FAILED, "an unexpected error; see the run log"

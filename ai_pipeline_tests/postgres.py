@@ -8,7 +8,11 @@ on both backends): when the server cannot be reached those tests are skipped loc
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import tempfile
 import uuid
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -67,3 +71,76 @@ class PostgresDatabases:
             for name in self.created:
                 conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         self.engine.dispose()
+
+
+PG_BIN = (
+    Path("/usr/lib/postgresql")
+    / (
+        sorted(os.listdir("/usr/lib/postgresql"))[-1]
+        if os.path.isdir("/usr/lib/postgresql")
+        else "-"
+    )
+    / "bin"
+)
+
+
+class OwnedPostgres:
+    """A PostgreSQL server of the test's own (``initdb`` in a temporary folder, a free port), to
+    stop and start again without touching the machine's server on 5432. Run as the ``postgres``
+    OS user when the tests run as root (the server refuses to run as root)."""
+
+    def __init__(self, port: int) -> None:
+        # Under /tmp itself: the server's user must reach the folder, and a test's tmp_path is
+        # private to root.
+        self.folder = Path(tempfile.mkdtemp(prefix="aip-pg-", dir="/tmp"))
+        os.chmod(self.folder, 0o755)
+        self.data = self.folder / "data"
+        self.port = port
+        self.log = self.folder / "server.log"
+
+    def _as_postgres(self, *argv: str) -> list[str]:
+        command = [str(PG_BIN / argv[0]), *argv[1:]]
+        return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+
+    def init(self) -> None:
+        if os.geteuid() == 0:
+            shutil.chown(self.folder, "postgres", "postgres")
+        subprocess.run(
+            self._as_postgres(
+                "initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync"
+            ),
+            check=True,
+            capture_output=True,
+        )
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+        subprocess.run(
+            self._as_postgres(
+                "pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "start"
+            ),
+            check=True,
+            capture_output=True,
+        )
+
+    def stop(self) -> None:
+        subprocess.run(
+            self._as_postgres("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop"),
+            check=False,
+            capture_output=True,
+        )
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def create_database(self, name: str) -> str:
+        """Create a database; returns its URL."""
+        engine = sa.create_engine(
+            f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/postgres",
+            isolation_level="AUTOCOMMIT",
+        )
+        with engine.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        engine.dispose()
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"

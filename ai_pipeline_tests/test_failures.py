@@ -159,6 +159,8 @@ EXPECTED_LAYERS = {
     C.MODEL_HALLUCINATION: Layer.MODEL,
     C.DUPLICATE_EXECUTION: Layer.BUSINESS,
     C.BUSINESS_REJECTED: Layer.BUSINESS,
+    C.RUN_INTERRUPTED: Layer.RUNTIME,
+    C.DATABASE_UNAVAILABLE: Layer.RUNTIME,
     C.INTERNAL_ERROR: Layer.INTERNAL,
 }
 EXPECTED_DISPOSITIONS = {
@@ -172,6 +174,8 @@ EXPECTED_DISPOSITIONS = {
     C.MODEL_HALLUCINATION: Disposition.QUARANTINED,
     C.DUPLICATE_EXECUTION: Disposition.DONE,
     C.BUSINESS_REJECTED: Disposition.REVIEW,
+    C.RUN_INTERRUPTED: Disposition.RETRY,
+    C.DATABASE_UNAVAILABLE: Disposition.RETRY,
     C.INTERNAL_ERROR: Disposition.FAILED,
 }
 NEEDS_PERSON = {
@@ -198,7 +202,12 @@ def test_taxonomy_row(category: Category) -> None:
     """Each category has the layer, retryability, disposition and needs-a-person of its row."""
     assert category.rule.layer == EXPECTED_LAYERS[category]
     assert category.rule.disposition == EXPECTED_DISPOSITIONS[category]
-    retryable = category in (C.NETWORK_TIMEOUT, C.RATE_LIMIT_EXCEEDED)
+    retryable = category in (
+        C.NETWORK_TIMEOUT,
+        C.RATE_LIMIT_EXCEEDED,
+        C.RUN_INTERRUPTED,
+        C.DATABASE_UNAVAILABLE,
+    )
     assert category.retryable is retryable
     assert category.rule.retryable is retryable
     assert category.needs_person is (category in NEEDS_PERSON)

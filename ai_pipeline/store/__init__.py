@@ -10,7 +10,10 @@ kind of thing stored:
 ``events``          failure events (every classification) and each document's history
 ``reviews``         the review queue, reviewers' overrides, quarantined outputs, the outbox
 ``batches``         named sets of documents submitted together
+``leases``          which run works on which task now: one owner per task
 ==================  ==========================================================================
+
+Every call retries a lost connection for a while (``database``), then raises StoreUnavailable.
 
 The tables are in ``tables``, the typed rows the parts return in ``rows``. Dagster knows nothing of
 this package; ``ai_pipeline.defs.resources`` wires it in.
@@ -19,21 +22,28 @@ this package; ``ai_pipeline.defs.resources`` wires it in.
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 from ai_pipeline.store.batches import Batches
 from ai_pipeline.store.checkpoints import Checkpoints
-from ai_pipeline.store.database import Database, normalise_url
+from ai_pipeline.store.database import DEFAULT_RETRY_SECONDS, Database, normalise_url
 from ai_pipeline.store.documents import Documents
 from ai_pipeline.store.events import Events
+from ai_pipeline.store.leases import Leases
 from ai_pipeline.store.results import Results
 from ai_pipeline.store.reviews import Reviews
+
+if TYPE_CHECKING:
+    from ai_pipeline.settings import Settings
 
 
 class Store:
     """The results database. Safe to share between threads; create one per process."""
 
-    def __init__(self, url: str):
-        self.db = Database(url)
+    def __init__(self, url: str, *, retry_seconds: float | None = None):
+        self.db = (
+            Database(url) if retry_seconds is None else Database(url, retry_seconds=retry_seconds)
+        )
         self.url = self.db.url
         self.documents = Documents(self.db)
         self.checkpoints = Checkpoints(self.db)
@@ -41,6 +51,7 @@ class Store:
         self.events = Events(self.db)
         self.reviews = Reviews(self.db)
         self.batches = Batches(self.db)
+        self.leases = Leases(self.db)
 
     @property
     def dialect(self) -> str:
@@ -51,14 +62,20 @@ _stores: dict[str, Store] = {}
 _stores_lock = threading.Lock()
 
 
-def get_store(url: str) -> Store:
+def get_store(url: str, *, retry_seconds: float = DEFAULT_RETRY_SECONDS) -> Store:
     """One Store (one engine, one pool) per database URL per process."""
     url = normalise_url(url)
     with _stores_lock:
         store = _stores.get(url)
         if store is None:
-            store = _stores[url] = Store(url)
+            store = _stores[url] = Store(url, retry_seconds=retry_seconds)
+        store.db.retry_seconds = retry_seconds
         return store
+
+
+def open_store(settings: Settings) -> Store:
+    """The results database the settings name, retried as long as they say."""
+    return get_store(settings.database_url, retry_seconds=settings.db_retry_seconds)
 
 
 def dispose_stores() -> None:

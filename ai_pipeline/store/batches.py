@@ -26,15 +26,12 @@ class Batches:
             created_at=now,
             updated_at=now,
         )
-        with self.db.begin() as conn:
-            conn.execute(
-                stmt.on_conflict_do_update(
-                    index_elements=["batch_id"],
-                    set_={"name": stmt.excluded.name, "updated_at": stmt.excluded.updated_at},
-                )
-            )
+        upsert = stmt.on_conflict_do_update(
+            index_elements=["batch_id"],
+            set_={"name": stmt.excluded.name, "updated_at": stmt.excluded.updated_at},
+        )
+        self.db.write(lambda conn: conn.execute(upsert))
 
     def get(self, batch_id: str) -> Batch | None:
-        with self.db.connect() as conn:
-            row = conn.execute(sa.select(batches).where(batches.c.batch_id == batch_id)).first()
-        return Batch.from_row(row) if row else None
+        rows = self.db.rows(sa.select(batches).where(batches.c.batch_id == batch_id))
+        return Batch.from_row(rows[0]) if rows else None

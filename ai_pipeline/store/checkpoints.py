@@ -27,11 +27,10 @@ class Checkpoints:
 
     def get(self, task_id: str) -> dict[str, Any] | None:
         """The stored payload of a task, or None when the task has not been done."""
-        with self.db.connect() as conn:
-            row = conn.execute(
-                sa.select(checkpoints.c.payload).where(checkpoints.c.task_id == task_id)
-            ).first()
-        return _loads(row.payload) if row else None
+        rows = self.db.rows(
+            sa.select(checkpoints.c.payload).where(checkpoints.c.task_id == task_id)
+        )
+        return _loads(rows[0].payload) if rows else None
 
     def get_many(self, task_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         query = sa.select(checkpoints.c.task_id, checkpoints.c.payload)
@@ -42,34 +41,29 @@ class Checkpoints:
         self, task_id: str, document_id: str, step: str, payload: dict[str, Any]
     ) -> dict[str, Any]:
         """Store a task's result durably; if one exists already, keep it and return it."""
-        with self.db.begin() as conn:
-            conn.execute(
-                self.db.insert(checkpoints)
-                .values(
-                    task_id=task_id,
-                    document_id=document_id,
-                    step=step,
-                    payload=json.dumps(payload, ensure_ascii=False, sort_keys=True),
-                    created_at=utcnow(),
-                )
-                .on_conflict_do_nothing()
+        insert = (
+            self.db.insert(checkpoints)
+            .values(
+                task_id=task_id,
+                document_id=document_id,
+                step=step,
+                payload=json.dumps(payload, ensure_ascii=False, sort_keys=True),
+                created_at=utcnow(),
             )
+            .on_conflict_do_nothing()
+        )
+        self.db.write(lambda conn: conn.execute(insert))
         stored = self.get(task_id)
         assert stored is not None
         return stored
 
     def delete(self, task_id: str) -> bool:
         """Forget a task's result (a reviewer asked for a new answer); True if there was one."""
-        with self.db.begin() as conn:
-            return bool(
-                conn.execute(
-                    sa.delete(checkpoints).where(checkpoints.c.task_id == task_id)
-                ).rowcount
-            )
+        delete = sa.delete(checkpoints).where(checkpoints.c.task_id == task_id)
+        return bool(self.db.write(lambda conn: conn.execute(delete).rowcount))
 
     def count(self, step: str | None = None) -> int:
         query = sa.select(sa.func.count()).select_from(checkpoints)
         if step:
             query = query.where(checkpoints.c.step == step)
-        with self.db.connect() as conn:
-            return int(conn.execute(query).scalar_one())
+        return int(self.db.read(lambda conn: conn.execute(query).scalar_one()))

@@ -1,23 +1,58 @@
-"""The connection to the results database: one engine per URL, the dialect's upsert, the schema.
+"""The connection to the results database: one engine per URL, the dialect's upsert, the schema,
+and what happens when the database goes away for a while.
 
 Plain SQLAlchemy Core, one code path for SQLite (the embedded default) and PostgreSQL: every write
 that may happen twice is an upsert or an insert-if-absent (``Database.insert`` gives the dialect's
 ``INSERT … ON CONFLICT``), so a retried or duplicated write never makes a second row.
+
+Every read and write goes through ``Database.read`` / ``Database.write``, which run it again when
+the connection failed — a PostgreSQL restart, a dropped connection, SQLite busy — with backoff, for
+up to ``retry_seconds`` (``AI_PIPELINE_DB_RETRY_SECONDS``, 60 by default). Pool pre-ping alone
+does not cover a statement in flight when the server goes. Only when the outage outlasts that does
+a call raise ``StoreUnavailable`` (DATABASE_UNAVAILABLE, retryable), naming the database with its
+password hidden. A write retried after its commit was lost on the way back is harmless: writes are
+upserts, inserts-if-absent or compare-and-set transitions (an appended failure event may then be
+recorded twice).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from ai_pipeline.failures import Category, ClassifiedError
 from ai_pipeline.store.tables import documents, metadata
 
+T = TypeVar("T")
 _INSERTS: dict[str, Any] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
 IN_CHUNK = 500
+DEFAULT_RETRY_SECONDS = 60.0
+_BACKOFF = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+class StoreUnavailable(ClassifiedError):
+    """The results database stayed unreachable for longer than the retries cover."""
+
+    def __init__(self, message: str):
+        super().__init__(Category.DATABASE_UNAVAILABLE, message)
+
+
+def transient(error: BaseException, dialect: str) -> bool:
+    """Whether a database error is the connection's (worth retrying), not the statement's."""
+    if isinstance(error, sa.exc.DBAPIError) and error.connection_invalidated:
+        return True
+    if isinstance(error, sa.exc.TimeoutError):  # the pool had no connection to give
+        return True
+    if dialect == "sqlite":
+        text = str(getattr(error, "orig", error)).lower()
+        return isinstance(error, sa.exc.OperationalError) and ("locked" in text or "busy" in text)
+    return isinstance(error, (sa.exc.OperationalError, sa.exc.InterfaceError))
 
 
 def normalise_url(url: str) -> str:
@@ -53,10 +88,24 @@ def make_engine(url: str) -> Engine:
 
 
 def create_schema(engine: Engine) -> None:
-    """Create what is missing: tables, and the columns later releases added to existing tables."""
-    metadata.create_all(engine)
-    with engine.begin() as conn:
-        _add_missing_columns(conn)
+    """Create what is missing: tables, and the columns later releases added to existing tables.
+
+    Processes that start on a fresh database at once: on PostgreSQL an advisory lock held for the
+    transaction serialises them; on SQLite one that lost the race finds the tables there and goes
+    on.
+    """
+    for attempt in range(10):
+        try:
+            with engine.begin() as conn:
+                if conn.dialect.name == "postgresql":
+                    conn.execute(sa.text("SELECT pg_advisory_xact_lock(7290314)"))
+                metadata.create_all(conn)
+                _add_missing_columns(conn)
+            return
+        except sa.exc.OperationalError as e:
+            lost_the_race = "already exists" in str(e) or "duplicate column" in str(e)
+            if not lost_the_race or attempt == 9:
+                raise
 
 
 def _add_missing_columns(conn: Connection) -> None:
@@ -85,6 +134,11 @@ def _add_missing_columns(conn: Connection) -> None:
         )
 
 
+def _first_line(error: BaseException) -> str:
+    text = str(getattr(error, "orig", None) or error).strip().splitlines()
+    return (text[0] if text else type(error).__name__)[:300]
+
+
 def _default_sql(column: sa.Column[Any], conn: Connection) -> str:
     default = column.server_default.arg  # type: ignore[union-attr]
     if isinstance(default, str):
@@ -95,10 +149,20 @@ def _default_sql(column: sa.Column[Any], conn: Connection) -> str:
 class Database:
     """One engine (one pool) for one database URL; safe to share between threads."""
 
-    def __init__(self, url: str):
+    def __init__(
+        self,
+        url: str,
+        *,
+        retry_seconds: float = DEFAULT_RETRY_SECONDS,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.url = normalise_url(url)
         self.engine = make_engine(self.url)
-        create_schema(self.engine)
+        self.retry_seconds = retry_seconds
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self.retries = 0  # how many calls were retried (for tests and the benchmark)
+        self._retrying(lambda: create_schema(self.engine))
 
     @property
     def dialect(self) -> str:
@@ -110,13 +174,28 @@ class Database:
             raise NotImplementedError(f"unsupported database dialect {self.dialect}")
         return _INSERTS[self.dialect](table)
 
-    def begin(self) -> Any:
-        """A connection in a transaction that commits when the block ends without an error."""
-        return self.engine.begin()
+    def write(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` in a transaction (committed when it returns), again if the connection
+        failed; raises StoreUnavailable when the database stays away."""
 
-    def connect(self) -> Any:
-        """A connection for reads."""
-        return self.engine.connect()
+        def transaction() -> T:
+            with self.engine.begin() as conn:
+                return work(conn)
+
+        return self._retrying(transaction)
+
+    def read(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` on a connection, again if the connection failed."""
+
+        def on_connection() -> T:
+            with self.engine.connect() as conn:
+                return work(conn)
+
+        return self._retrying(on_connection)
+
+    def rows(self, query: Any) -> list[Any]:
+        """All rows of a query."""
+        return self.read(lambda conn: list(conn.execute(query)))
 
     def select_in(
         self, query: sa.Select[Any], column: sa.ColumnElement[Any], values: Iterable[str]
@@ -124,11 +203,35 @@ class Database:
         """The rows of ``query`` whose ``column`` is one of ``values``, however many: the values
         are bound ``IN_CHUNK`` at a time, well under SQLite's and PostgreSQL's limits."""
         wanted = list(dict.fromkeys(values))
-        rows: list[Any] = []
-        with self.connect() as conn:
+
+        def chunked(conn: Connection) -> list[Any]:
+            rows: list[Any] = []
             for i in range(0, len(wanted), IN_CHUNK):
                 rows.extend(conn.execute(query.where(column.in_(wanted[i : i + IN_CHUNK]))))
-        return rows
+            return rows
+
+        return self.read(chunked)
+
+    def _retrying(self, call: Callable[[], T]) -> T:
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                return call()
+            except sa.exc.SQLAlchemyError as e:
+                if not transient(e, self.dialect):
+                    raise
+                waited = time.monotonic() - started
+                if waited >= self.retry_seconds:
+                    raise StoreUnavailable(
+                        f"the results database {redact_url(self.url)} is unreachable after "
+                        f"{attempt + 1} attempts over {waited:.0f} s: {_first_line(e)}"
+                    ) from e
+                with self._lock:
+                    self.retries += 1
+                delay = _BACKOFF[min(attempt, len(_BACKOFF) - 1)]
+                self._sleep(min(delay, max(self.retry_seconds - waited, 0.0)))
+                attempt += 1
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from ai_pipeline.documents import Document, RejectedFile
 from ai_pipeline.failures import Category
@@ -22,6 +23,10 @@ from ai_pipeline.store.rows import DocumentRow, StoredDocument
 from ai_pipeline.store.tables import document_sources, documents
 
 _ROW_COLUMNS = [c for c in documents.columns if c.name != "text"]
+
+
+class ConcurrentChange(RuntimeError):
+    """Another writer moved the document first (a compare-and-set that lost)."""
 
 
 def utcnow() -> datetime:
@@ -52,7 +57,8 @@ class Documents:
             "created_at": now,
             "updated_at": now,
         }
-        with self.db.begin() as conn:
+
+        def insert(conn: Connection) -> bool:
             inserted = conn.execute(
                 self.db.insert(documents).values(row).on_conflict_do_nothing()
             ).rowcount
@@ -61,31 +67,35 @@ class Documents:
                 .values(document_id=doc.document_id, source=doc.source, first_seen_at=now)
                 .on_conflict_do_nothing()
             )
-        return bool(inserted)
+            return bool(inserted)
+
+        return self.db.write(insert)
 
     def get(self, document_id: str) -> DocumentRow | None:
-        with self.db.connect() as conn:
-            row = conn.execute(
-                sa.select(*_ROW_COLUMNS).where(documents.c.document_id == document_id)
-            ).first()
-        return DocumentRow.from_row(row) if row else None
+        rows = self.db.rows(sa.select(*_ROW_COLUMNS).where(documents.c.document_id == document_id))
+        return DocumentRow.from_row(rows[0]) if rows else None
 
     def load(self, document_id: str) -> StoredDocument | None:
         """The document with its text (the only read of a text)."""
-        with self.db.connect() as conn:
-            row = conn.execute(
-                sa.select(documents).where(documents.c.document_id == document_id)
-            ).first()
-        return StoredDocument.from_row(row) if row else None
+        rows = self.db.rows(sa.select(documents).where(documents.c.document_id == document_id))
+        return StoredDocument.from_row(rows[0]) if rows else None
 
     def rows(self, document_ids: Iterable[str] | None = None) -> list[DocumentRow]:
         """Documents (all, or these) in registration order, without their texts."""
         query = sa.select(*_ROW_COLUMNS).order_by(documents.c.created_at, documents.c.document_id)
         if document_ids is None:
-            with self.db.connect() as conn:
-                return [DocumentRow.from_row(r) for r in conn.execute(query)]
+            return [DocumentRow.from_row(r) for r in self.db.rows(query)]
         rows = self.db.select_in(query, documents.c.document_id, document_ids)
         return sorted(map(DocumentRow.from_row, rows), key=lambda d: (d.created_at, d.document_id))
+
+    def rows_in_state(self, state: State) -> list[DocumentRow]:
+        """The documents in one state (an indexed query), in registration order."""
+        query = (
+            sa.select(*_ROW_COLUMNS)
+            .where(documents.c.state == state.value)
+            .order_by(documents.c.created_at, documents.c.document_id)
+        )
+        return [DocumentRow.from_row(r) for r in self.db.rows(query)]
 
     def sources(self, document_ids: Iterable[str] | None = None) -> dict[str, list[str]]:
         """Every file name each document arrived under, first seen first."""
@@ -93,8 +103,7 @@ class Documents:
             document_sources.c.first_seen_at, document_sources.c.source
         )
         if document_ids is None:
-            with self.db.connect() as conn:
-                rows = list(conn.execute(query))
+            rows = self.db.rows(query)
         else:
             rows = self.db.select_in(query, document_sources.c.document_id, document_ids)
             # Each chunk comes back in order; together they must be ordered again.
@@ -120,19 +129,28 @@ class Documents:
         run_id: str | None = None,
         count_attempt: bool = False,
         reset_attempts: bool = False,
+        expected_run_id: str | None = None,
     ) -> State:
         """Move a document to ``target`` if the state machine allows it; returns the old state.
 
-        The update is a compare-and-set on the state read, so two writers cannot both move a
-        document out of the same state.
+        The update is a compare-and-set on the state read (and on ``expected_run_id``, when
+        given: the run that holds it), so two writers cannot both move a document out of the same
+        state; the loser gets ConcurrentChange.
         """
-        with self.db.begin() as conn:
+
+        def move(conn: Connection) -> State:
             row = conn.execute(
-                sa.select(documents.c.state).where(documents.c.document_id == document_id)
+                sa.select(documents.c.state, documents.c.run_id).where(
+                    documents.c.document_id == document_id
+                )
             ).first()
             if row is None:
                 raise KeyError(f"unknown document {document_id}")
             current = State(row.state)
+            if expected_run_id is not None and row.run_id != expected_run_id:
+                raise ConcurrentChange(
+                    f"document {document_id} is held by run {row.run_id}, not {expected_run_id}"
+                )
             check_transition(document_id, current, target)
             values: dict[str, Any] = {"state": target.value, "updated_at": utcnow()}
             if target == State.COMPLETED:
@@ -149,23 +167,29 @@ class Documents:
                 values["attempts"] = documents.c.attempts + 1
             if reset_attempts:
                 values["attempts"] = 0
-            updated = conn.execute(
+            update = (
                 sa.update(documents)
                 .where(documents.c.document_id == document_id)
                 .where(documents.c.state == current.value)
-                .values(values)
-            ).rowcount
-            if not updated:
-                raise RuntimeError(f"document {document_id} changed state concurrently")
-        return current
+            )
+            if expected_run_id is not None:
+                update = update.where(documents.c.run_id == expected_run_id)
+            if not conn.execute(update.values(values)).rowcount:
+                raise ConcurrentChange(f"document {document_id} changed state concurrently")
+            return current
+
+        return self.db.write(move)
 
     def mark_rejected(self, document_id: str, message: str) -> None:
         """A reviewer rejected the document: it is settled, and ``message`` says why."""
-        with self.db.begin() as conn:
-            updated = conn.execute(
-                sa.update(documents)
-                .where(documents.c.document_id == document_id)
-                .values(rejected_by_reviewer=True, status_message=message, updated_at=utcnow())
-            ).rowcount
+        updated = self.db.write(
+            lambda conn: (
+                conn.execute(
+                    sa.update(documents)
+                    .where(documents.c.document_id == document_id)
+                    .values(rejected_by_reviewer=True, status_message=message, updated_at=utcnow())
+                ).rowcount
+            )
+        )
         if not updated:
             raise KeyError(f"unknown document {document_id}")

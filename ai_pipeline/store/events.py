@@ -31,45 +31,35 @@ class Events:
         run_id: str | None = None,
         attempt: int = 1,
     ) -> None:
-        with self.db.begin() as conn:
-            conn.execute(
-                sa.insert(failure_events).values(
-                    at=utcnow(),
-                    document_id=document_id,
-                    task_id=task_id,
-                    run_id=run_id,
-                    category=category.value,
-                    layer=category.rule.layer.value,
-                    attempt=attempt,
-                    error=error,
-                )
-            )
+        insert = sa.insert(failure_events).values(
+            at=utcnow(),
+            document_id=document_id,
+            task_id=task_id,
+            run_id=run_id,
+            category=category.value,
+            layer=category.rule.layer.value,
+            attempt=attempt,
+            error=error,
+        )
+        self.db.write(lambda conn: conn.execute(insert))
 
     def failures(self, document_id: str | None = None) -> list[FailureEvent]:
         """Failure events (all, or of one document), oldest first."""
         query = sa.select(failure_events).order_by(failure_events.c.id)
         if document_id:
             query = query.where(failure_events.c.document_id == document_id)
-        with self.db.connect() as conn:
-            return [FailureEvent.from_row(r) for r in conn.execute(query)]
+        return [FailureEvent.from_row(r) for r in self.db.rows(query)]
 
     def add_history(
         self, document_id: str, event: str, detail: str | None = None, *, task_id: str | None = None
     ) -> None:
-        with self.db.begin() as conn:
-            conn.execute(
-                sa.insert(history).values(
-                    at=utcnow(),
-                    document_id=document_id,
-                    task_id=task_id,
-                    event=event,
-                    detail=detail,
-                )
-            )
+        insert = sa.insert(history).values(
+            at=utcnow(), document_id=document_id, task_id=task_id, event=event, detail=detail
+        )
+        self.db.write(lambda conn: conn.execute(insert))
 
     def history(self, document_id: str) -> list[HistoryEntry]:
         query = (
             sa.select(history).where(history.c.document_id == document_id).order_by(history.c.id)
         )
-        with self.db.connect() as conn:
-            return [HistoryEntry.from_row(r) for r in conn.execute(query)]
+        return [HistoryEntry.from_row(r) for r in self.db.rows(query)]

@@ -37,21 +37,18 @@ class Results:
             for c in results.columns
             if c.name not in ("document_id", "created_at")
         }
-        with self.db.begin() as conn:
-            conn.execute(
-                stmt.on_conflict_do_update(index_elements=["document_id"], set_=update_columns)
-            )
+        upsert = stmt.on_conflict_do_update(index_elements=["document_id"], set_=update_columns)
+        self.db.write(lambda conn: conn.execute(upsert))
         return len(values)
 
     def get(self, document_ids: Iterable[str] | None = None) -> list[ResultRow]:
         """Result rows (all, or of these documents), by document id."""
         query = sa.select(results).order_by(results.c.document_id)
         if document_ids is None:
-            with self.db.connect() as conn:
-                return [ResultRow.from_row(r) for r in conn.execute(query)]
+            return [ResultRow.from_row(r) for r in self.db.rows(query)]
         rows = self.db.select_in(query, results.c.document_id, document_ids)
         return sorted(map(ResultRow.from_row, rows), key=lambda r: r.document_id)
 
     def count(self) -> int:
-        with self.db.connect() as conn:
-            return int(conn.execute(sa.select(sa.func.count()).select_from(results)).scalar_one())
+        query = sa.select(sa.func.count()).select_from(results)
+        return int(self.db.read(lambda conn: conn.execute(query).scalar_one()))

@@ -8,6 +8,8 @@ approve, reject, resolve — are in ``ai_pipeline.review``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 
 from ai_pipeline.failures import Category
@@ -28,6 +30,10 @@ from ai_pipeline.store.tables import outbox, overrides, quarantine, review_queue
 class Reviews:
     def __init__(self, db: Database):
         self.db = db
+
+    def _execute(self, statement: Any) -> int:
+        """Run one write statement; returns the rows it touched."""
+        return int(self.db.write(lambda conn: conn.execute(statement).rowcount))
 
     # --- the queue ---------------------------------------------------------------------------
 
@@ -56,30 +62,24 @@ class Reviews:
             "updated_at": now,
         }
         stmt = self.db.insert(review_queue).values(row)
-        with self.db.begin() as conn:
-            conn.execute(
-                stmt.on_conflict_do_update(
-                    index_elements=["document_id"],
-                    set_={
-                        k: stmt.excluded[k] for k in row if k not in ("document_id", "created_at")
-                    },
-                )
+        self._execute(
+            stmt.on_conflict_do_update(
+                index_elements=["document_id"],
+                set_={k: stmt.excluded[k] for k in row if k not in ("document_id", "created_at")},
             )
+        )
 
     def items(self, status: ReviewStatus | None = ReviewStatus.OPEN) -> list[ReviewItem]:
         """Items in this status (all when None), oldest first."""
         query = sa.select(review_queue).order_by(review_queue.c.created_at)
         if status is not None:
             query = query.where(review_queue.c.status == status.value)
-        with self.db.connect() as conn:
-            return [ReviewItem.from_row(r) for r in conn.execute(query)]
+        return [ReviewItem.from_row(r) for r in self.db.rows(query)]
 
     def get(self, document_id: str) -> ReviewItem | None:
-        with self.db.connect() as conn:
-            row = conn.execute(
-                sa.select(review_queue).where(review_queue.c.document_id == document_id)
-            ).first()
-        return ReviewItem.from_row(row) if row else None
+        query = sa.select(review_queue).where(review_queue.c.document_id == document_id)
+        rows = self.db.rows(query)
+        return ReviewItem.from_row(rows[0]) if rows else None
 
     def decide(
         self,
@@ -91,101 +91,89 @@ class Reviews:
         note: str | None,
     ) -> None:
         """Record a reviewer's decision on an open item (only an open item can be decided)."""
-        with self.db.begin() as conn:
-            updated = conn.execute(
-                sa.update(review_queue)
-                .where(review_queue.c.document_id == document_id)
-                .where(review_queue.c.status == ReviewStatus.OPEN.value)
-                .values(
-                    status=status.value,
-                    decision=decision.value,
-                    decided_by=decided_by,
-                    note=note,
-                    updated_at=utcnow(),
-                )
-            ).rowcount
+        updated = self._execute(
+            sa.update(review_queue)
+            .where(review_queue.c.document_id == document_id)
+            .where(review_queue.c.status == ReviewStatus.OPEN.value)
+            .values(
+                status=status.value,
+                decision=decision.value,
+                decided_by=decided_by,
+                note=note,
+                updated_at=utcnow(),
+            )
+        )
         if not updated:
             raise KeyError(f"no open review item for document {document_id}")
 
     def resolve(self, document_id: str) -> bool:
         """An approved item whose document then completed is resolved; True if one was."""
-        with self.db.begin() as conn:
-            return bool(
-                conn.execute(
-                    sa.update(review_queue)
-                    .where(review_queue.c.document_id == document_id)
-                    .where(review_queue.c.status == ReviewStatus.APPROVED.value)
-                    .values(status=ReviewStatus.RESOLVED.value, updated_at=utcnow())
-                ).rowcount
+        return bool(
+            self._execute(
+                sa.update(review_queue)
+                .where(review_queue.c.document_id == document_id)
+                .where(review_queue.c.status == ReviewStatus.APPROVED.value)
+                .values(status=ReviewStatus.RESOLVED.value, updated_at=utcnow())
             )
+        )
 
     # --- overrides ---------------------------------------------------------------------------
 
     def add_override(
         self, task_id: str, document_id: str, decided_by: str, note: str | None
     ) -> None:
-        with self.db.begin() as conn:
-            conn.execute(
-                self.db.insert(overrides)
-                .values(
-                    task_id=task_id,
-                    document_id=document_id,
-                    decided_by=decided_by,
-                    note=note,
-                    at=utcnow(),
-                )
-                .on_conflict_do_nothing()
+        self._execute(
+            self.db.insert(overrides)
+            .values(
+                task_id=task_id,
+                document_id=document_id,
+                decided_by=decided_by,
+                note=note,
+                at=utcnow(),
             )
+            .on_conflict_do_nothing()
+        )
 
     def override(self, task_id: str) -> Override | None:
         """The reviewer's acceptance of this task's stored output, if there is one."""
-        with self.db.connect() as conn:
-            row = conn.execute(sa.select(overrides).where(overrides.c.task_id == task_id)).first()
-        return Override.from_row(row) if row else None
+        rows = self.db.rows(sa.select(overrides).where(overrides.c.task_id == task_id))
+        return Override.from_row(rows[0]) if rows else None
 
     # --- quarantine --------------------------------------------------------------------------
 
     def quarantine(self, document_id: str, task_id: str, output: str, reason: str) -> None:
-        with self.db.begin() as conn:
-            conn.execute(
-                self.db.insert(quarantine)
-                .values(
-                    task_id=task_id,
-                    document_id=document_id,
-                    output=output,
-                    reason=reason,
-                    at=utcnow(),
-                )
-                .on_conflict_do_nothing()
+        self._execute(
+            self.db.insert(quarantine)
+            .values(
+                task_id=task_id, document_id=document_id, output=output, reason=reason, at=utcnow()
             )
+            .on_conflict_do_nothing()
+        )
 
     def quarantined(self, document_id: str | None = None) -> list[QuarantinedOutput]:
         query = sa.select(quarantine).order_by(quarantine.c.at)
         if document_id:
             query = query.where(quarantine.c.document_id == document_id)
-        with self.db.connect() as conn:
-            return [QuarantinedOutput.from_row(r) for r in conn.execute(query)]
+        return [QuarantinedOutput.from_row(r) for r in self.db.rows(query)]
 
     # --- the outbox --------------------------------------------------------------------------
 
     def add_message(
         self, document_id: str, source: str, reason: str, message_zh: str, message_en: str
     ) -> None:
-        with self.db.begin() as conn:
-            conn.execute(
-                sa.insert(outbox).values(
-                    at=utcnow(),
-                    document_id=document_id,
-                    source=source,
-                    reason=reason,
-                    message_zh=message_zh,
-                    message_en=message_en,
-                )
+        self._execute(
+            sa.insert(outbox).values(
+                at=utcnow(),
+                document_id=document_id,
+                source=source,
+                reason=reason,
+                message_zh=message_zh,
+                message_en=message_en,
             )
+        )
 
     def messages(self, document_id: str | None = None) -> list[SubmitterMessage]:
         query = sa.select(outbox).order_by(outbox.c.id)
         if document_id:
             query = query.where(outbox.c.document_id == document_id)
-        with self.db.connect() as conn:
-            return [SubmitterMessage.from_row(r) for r in conn.execute(query)]
+        return [SubmitterMessage.from_row(r) for r in self.db.rows(query)]

@@ -14,6 +14,7 @@
 - ``check_overrides``: stored outputs a reviewer accepted although a check failed.
 - ``submitter_messages``: the outbox of messages to whoever submitted a rejected document.
 - ``batches``: named sets of documents submitted together (the batch id is their content).
+- ``leases``: which run works on a task now, until when (one owner per task).
 """
 
 import sqlalchemy as sa
@@ -29,7 +30,7 @@ documents = sa.Table(
     sa.Column("size_bytes", sa.Integer, nullable=False),
     sa.Column("text", sa.Text, nullable=True),
     sa.Column("rejected_reason", sa.Text, nullable=True),
-    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False, index=True),
     sa.Column("category", sa.String(32), nullable=True),
     sa.Column("last_error", sa.Text, nullable=True),
     sa.Column("attempts", sa.Integer, nullable=False, default=0),
@@ -163,4 +164,14 @@ batches = sa.Table(
     sa.Column("document_ids", sa.JSON, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+leases = sa.Table(
+    "leases",
+    metadata,
+    sa.Column("task_id", sa.String(128), primary_key=True),
+    sa.Column("document_id", sa.String(64), nullable=False, index=True),
+    sa.Column("owner", sa.String(64), nullable=False, index=True),
+    sa.Column("acquired_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
 )

@@ -25,7 +25,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def store(db_url: str) -> Iterator[Store]:
     """A Store on empty tables; its connections are closed afterwards."""
     s = Store(db_url)
-    with s.db.begin() as conn:
+    with s.db.engine.begin() as conn:
         for table in reversed(metadata.sorted_tables):
             conn.execute(table.delete())
     yield s

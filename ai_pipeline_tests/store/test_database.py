@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 import ai_pipeline.store as store_module
+from ai_pipeline.failures import Category
 from ai_pipeline.settings import Settings
 from ai_pipeline.store import Store, get_store
-from ai_pipeline.store.database import normalise_url, redact_url
+from ai_pipeline.store.database import StoreUnavailable, normalise_url, redact_url, transient
+from ai_pipeline_tests.postgres import OwnedPostgres
 
 
 def test_get_store_returns_the_same_object_for_the_same_url(
@@ -124,3 +128,79 @@ def test_a_database_from_before_the_rejection_flag_is_upgraded(tmp_path: Path) -
         Store(url).db.dispose()  # opening again changes nothing
     finally:
         store.db.dispose()
+
+
+def test_a_write_during_a_database_restart_is_retried(owned_postgres: OwnedPostgres) -> None:
+    """The server stops with a connection open and comes back 2 s later: the write in between
+    waits and succeeds; nothing is lost, nothing raised."""
+    store = Store(owned_postgres.create_database("retry"), retry_seconds=30)
+    store.checkpoints.put("t-before", "d", "analyse", {"n": 1})
+    owned_postgres.stop()
+    restarter = threading.Timer(2.0, owned_postgres.start)
+    restarter.start()
+    try:
+        started = time.monotonic()
+        assert store.checkpoints.put("t-during", "d", "analyse", {"n": 2}) == {"n": 2}
+        assert time.monotonic() - started >= 1.5
+    finally:
+        restarter.join()
+    assert store.db.retries > 0
+    assert store.checkpoints.get_many(["t-before", "t-during"]) == {
+        "t-before": {"n": 1},
+        "t-during": {"n": 2},
+    }
+    store.db.dispose()
+
+
+def test_an_outage_past_the_retries_names_the_database(owned_postgres: OwnedPostgres) -> None:
+    """When the database stays away longer than the retries cover, the call raises
+    StoreUnavailable (DATABASE_UNAVAILABLE, retryable) naming the database, password hidden."""
+    url = owned_postgres.create_database("gone").replace("postgres@", "postgres:s3cr3t@")
+    store = Store(url, retry_seconds=1.5)
+    owned_postgres.stop()
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable) as info:
+        store.documents.get("anything")
+    assert 1.4 <= time.monotonic() - started < 10
+    assert info.value.category == Category.DATABASE_UNAVAILABLE
+    assert info.value.category.retryable
+    assert f"127.0.0.1:{owned_postgres.port}/gone" in info.value.message
+    assert "s3cr3t" not in info.value.message and "***" in info.value.message
+    store.db.dispose()
+
+
+def test_only_connection_errors_are_transient(tmp_path: Path) -> None:
+    """A broken statement is raised at once, never retried; SQLite "database is locked" is."""
+    store = Store(f"sqlite:///{tmp_path / 'x.sqlite'}", retry_seconds=30)
+    with pytest.raises(sa.exc.OperationalError):
+        store.db.rows(sa.text("SELECT * FROM no_such_table"))
+    assert store.db.retries == 0
+    locked = sa.exc.OperationalError("BEGIN", {}, Exception("database is locked"))
+    assert transient(locked, "sqlite")
+    assert not transient(sa.exc.IntegrityError("INSERT", {}, Exception("UNIQUE")), "postgresql")
+    assert transient(
+        sa.exc.OperationalError("SELECT", {}, Exception("server closed")), "postgresql"
+    )
+    store.db.dispose()
+
+
+def test_two_stores_created_at_once_on_a_fresh_database(tmp_path: Path, db_url: str) -> None:
+    """Processes that open a fresh results database at the same time all get its tables."""
+    if db_url.startswith("sqlite"):
+        db_url = f"sqlite:///{tmp_path / 'fresh.sqlite'}"
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def open_it() -> None:
+        start.wait()
+        try:
+            Store(db_url).db.dispose()
+        except BaseException as e:  # collected and asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=open_it) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
