@@ -2,12 +2,14 @@
 
 The documents of a batch run on an asyncio event loop in a worker thread, bounded by the LLM
 client's concurrency; each one's events come back to the caller's thread as it finishes, together
-with the log lines written on its behalf (Dagster's run log belongs to the step's thread).
+with the log lines written on its behalf (Dagster's run log belongs to the step's thread). The
+run's claims on its documents are renewed on the same loop while they run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 from collections.abc import Iterator, Sequence
@@ -58,9 +60,12 @@ def run_batch(analyser: Analyser, document_ids: Sequence[str]) -> Iterator[tuple
         out.put(("done", document_id, events))
 
     async def run_all() -> None:
+        # The run's claims are renewed while its documents run, and given up if it is stopped.
+        renewer = asyncio.ensure_future(analyser.claims.keep_renewing(analyser.log))
         try:
             await asyncio.gather(*(one(d) for d in document_ids))
         finally:
+            renewer.cancel()
             await analyser.llm.aclose()
             if analyser.notifier is not None:
                 await analyser.notifier.aclose()
@@ -72,8 +77,8 @@ def run_batch(analyser: Analyser, document_ids: Sequence[str]) -> Iterator[tuple
         except BaseException as e:  # handed to the caller, who raises it
             out.put(("error", e))
         finally:
-            out.put(("end",))
             loop.close()
+            out.put(("end",))
 
     worker = threading.Thread(target=work, name="ai-pipeline-batch", daemon=True)
     worker.start()
@@ -92,6 +97,8 @@ def run_batch(analyser: Analyser, document_ids: Sequence[str]) -> Iterator[tuple
     finally:
         analyser.log = caller_log
         if worker.is_alive():
-            if main:
-                loop.call_soon_threadsafe(main[0].cancel)
+            # Closed early: cancel what still runs (unless the loop has just finished by itself).
+            if main and not loop.is_closed():
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(main[0].cancel)
             worker.join()

@@ -19,17 +19,26 @@ The rules that make a rerun safe:
   the results IO manager;
 - a completion notice is sent only when no checkpoint exists for its own task id, with that id as
   ``Idempotency-Key``, and never for a document that failed a check;
+- a run works on a document only while it holds the document's claim (``ai_pipeline.claims``):
+  two overlapping launches never both call for it; the second waits, then re-reports the first's
+  checkpoints, or leaves the document to it ("in progress elsewhere", ``StageDeferred``);
 - a document's state moves only along the transitions of ``ai_pipeline.states``; a document that
-  failed retryably ``retry_budget`` times moves to DEAD_LETTER, out of automatic retries.
+  failed retryably ``retry_budget`` times moves to DEAD_LETTER, out of automatic retries;
+- when the results database stays away past its retries, the document fails DATABASE_UNAVAILABLE
+  (retryable) as far as Dagster can be told; the store catches up when the next run takes it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ai_pipeline.claims import DEFAULT_LEASE_SECONDS, DEFAULT_WAIT_SECONDS, Claims
 from ai_pipeline.failures import Category, ClassifiedError
 from ai_pipeline.llm import LLMClient, LLMReply
 from ai_pipeline.notify import Notifier
@@ -37,8 +46,9 @@ from ai_pipeline.redaction import redact
 from ai_pipeline.retry import Log
 from ai_pipeline.review import resolve_if_approved, send_to_review
 from ai_pipeline.schema import DEFAULT_MIN_CONFIDENCE, CheckOutcome, evaluate
-from ai_pipeline.states import State
+from ai_pipeline.states import IllegalTransition, State
 from ai_pipeline.store import Store
+from ai_pipeline.store.database import StoreUnavailable
 from ai_pipeline.store.rows import ResultRow, StoredDocument
 from ai_pipeline.tasks import ANALYSE_STEP, NOTIFY_STEP, TaskLog, document_of, task_id
 
@@ -75,7 +85,16 @@ class StageFailed:
     task_id: str | None = None
 
 
-Event = StageDone | StageFailed
+@dataclass(frozen=True)
+class StageDeferred:
+    """Another live run holds the document: left to it, neither done nor failed here."""
+
+    document_id: str
+    task_id: str
+    holder: str
+
+
+Event = StageDone | StageFailed | StageDeferred
 
 
 class _StageError(ClassifiedError):
@@ -84,11 +103,10 @@ class _StageError(ClassifiedError):
         self.stage = stage
 
 
-def _claim(store: Store, document_id: str, run_id: str | None) -> State:
-    """Move a document to RUNNING along the legal path; returns the state it was in.
-
-    COMPLETED and CANCELLED documents keep their state: a rerun only re-reports their checkpoints.
-    """
+def _start(store: Store, document_id: str, run_id: str | None) -> State:
+    """Move a document (whose claim the caller holds) to RUNNING along the legal path; returns the
+    state it was in. COMPLETED and CANCELLED documents keep their state: a rerun only re-reports
+    their checkpoints."""
     doc = store.documents.get(document_id)
     assert doc is not None
     current = doc.state
@@ -99,6 +117,11 @@ def _claim(store: Store, document_id: str, run_id: str | None) -> State:
         store.documents.transition(document_id, State.QUEUED)
     store.documents.transition(document_id, State.RUNNING, run_id=run_id)
     return current
+
+
+def _owner_id(run_id: str | None) -> str:
+    """Who holds a claim: the Dagster run, or this process when there is none."""
+    return run_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"[:64]
 
 
 class Analyser:
@@ -115,6 +138,8 @@ class Analyser:
         min_confidence: float = DEFAULT_MIN_CONFIDENCE,
         notifier: Notifier | None = None,
         retry_budget: int = DEFAULT_RETRY_BUDGET,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        claim_wait_seconds: float = DEFAULT_WAIT_SECONDS,
     ):
         self.store = store
         self.llm = llm
@@ -124,6 +149,9 @@ class Analyser:
         self.min_confidence = min_confidence
         self.notifier = notifier
         self.retry_budget = retry_budget
+        self.claims = Claims(
+            store, _owner_id(run_id), lease_seconds=lease_seconds, wait_seconds=claim_wait_seconds
+        )
         if llm.on_failure is None:
             llm.on_failure = self._record_attempt
 
@@ -132,10 +160,9 @@ class Analyser:
 
     async def process(self, document_id: str) -> list[Event]:
         """All stage events for one document; failures are events, never exceptions."""
-        events: list[Event] = []
         task = self.task_for(document_id)
         log = TaskLog(self.log, task)
-        doc = self.store.documents.load(document_id)
+        doc = self.store.documents.get(document_id)
         if doc is None:
             error = f"document {document_id} is not registered in the results database"
             log.error(error)
@@ -146,11 +173,25 @@ class Analyser:
             log.info("rejected by a reviewer; not processed")
             error = f"rejected by a reviewer: {doc.status_message}"
             return [StageFailed(document_id, STAGES[0], category, error, task)]
-        previous = _claim(self.store, document_id, self.run_id)
-        if previous == State.CANCELLED:
-            log.info("cancelled; skipped")
-            return events
+        holder = await self.claims.take(task, document_id, log)
+        if holder is not None:
+            return [StageDeferred(document_id, task, holder)]
         try:
+            return await self._claimed(document_id, task, log)
+        finally:
+            self.claims.release(task)
+
+    async def _claimed(self, document_id: str, task: str, log: TaskLog) -> list[Event]:
+        """The stages of a document whose claim this run holds, and its settled state."""
+        events: list[Event] = []
+        doc = self.store.documents.load(document_id)  # with its text, as it is now it is ours
+        assert doc is not None
+        previous: State | None = None
+        try:
+            previous = _start(self.store, document_id, self.run_id)
+            if previous == State.CANCELLED:
+                log.info("cancelled; skipped")
+                return events
             # Stages append as they finish, so the ones done before a failure are still reported.
             await self._stages(doc, task, log, events)
         except ClassifiedError as e:
@@ -164,20 +205,35 @@ class Analyser:
         failure = next((e for e in events if isinstance(e, StageFailed)), None)
         if previous == State.COMPLETED:
             return events
-        if failure is None:
-            self.store.documents.transition(document_id, State.COMPLETED, task_id=task)
-            override = resolve_if_approved(self.store, document_id, task)
-            if override is not None:
-                log.info(override)
-            log.info("completed")
-        else:
-            self._fail(doc, failure, log)
+        try:
+            if failure is None:
+                self._settle(document_id, State.COMPLETED, task_id=task)
+                override = resolve_if_approved(self.store, document_id, task)
+                if override is not None:
+                    log.info(override)
+                log.info("completed")
+            else:
+                self._fail(doc, failure, log)
+        except StoreUnavailable as e:
+            log.error(f"could not record the outcome: {e.message}")
+            if failure is None:
+                events.append(StageFailed(document_id, STAGES[-1], e.category, e.message, task))
         return events
+
+    def _settle(self, document_id: str, target: State, **values: object) -> None:
+        """Move a document this run holds to its final state; if the reconciler moved it to FAILED
+        meanwhile (this run's claim expired while the database was away), take it back first."""
+        try:
+            self.store.documents.transition(document_id, target, **values)  # type: ignore[arg-type]
+        except IllegalTransition:
+            self.store.documents.transition(document_id, State.QUEUED)
+            self.store.documents.transition(document_id, State.RUNNING, run_id=self.run_id)
+            self.store.documents.transition(document_id, target, **values)  # type: ignore[arg-type]
 
     def _fail(self, doc: StoredDocument, failure: StageFailed, log: TaskLog) -> None:
         """Record a document's failure: its state, a failure event, and a person's queue if due."""
         document_id, task = doc.document_id, failure.task_id
-        self.store.documents.transition(
+        self._settle(
             document_id,
             State.FAILED,
             category=failure.category,

@@ -85,6 +85,21 @@ SETTINGS: dict[str, Setting] = {
     "settle_seconds": Setting(
         "AI_PIPELINE_SETTLE_SECONDS", 1.0, "a file changed this recently may still be written"
     ),
+    "db_retry_seconds": Setting(
+        "AI_PIPELINE_DB_RETRY_SECONDS",
+        60.0,
+        "how long a lost results database is retried before a document fails",
+    ),
+    "lease_seconds": Setting(
+        "AI_PIPELINE_LEASE_SECONDS",
+        60.0,
+        "how long a run's claim on a document lasts unless renewed (a dead run's, then expires)",
+    ),
+    "claim_wait_seconds": Setting(
+        "AI_PIPELINE_CLAIM_WAIT_SECONDS",
+        600.0,
+        "how long a run waits for a document another run holds before leaving it to that run",
+    ),
     "sensor_interval_seconds": Setting(
         "AI_PIPELINE_SENSOR_INTERVAL", 30, "seconds between inbox sensor ticks (at load)"
     ),
@@ -114,6 +129,9 @@ class Settings:
     price_per_1k_prompt_tokens: float
     price_per_1k_completion_tokens: float
     settle_seconds: float
+    db_retry_seconds: float
+    lease_seconds: float
+    claim_wait_seconds: float
     sensor_interval_seconds: int
     nightly_cron: str
     timezone: str
@@ -152,6 +170,12 @@ class Settings:
             raise SettingsError(f"AI_PIPELINE_RETRY_BUDGET must be ≥ 1, not {self.retry_budget}")
         if self.llm_timeout_seconds <= 0:
             raise SettingsError("AI_PIPELINE_LLM_TIMEOUT must be > 0")
+        if self.lease_seconds < 1:
+            raise SettingsError(f"AI_PIPELINE_LEASE_SECONDS must be ≥ 1, not {self.lease_seconds}")
+        if self.db_retry_seconds < 0 or self.claim_wait_seconds < 0:
+            raise SettingsError(
+                "AI_PIPELINE_DB_RETRY_SECONDS and AI_PIPELINE_CLAIM_WAIT_SECONDS must be ≥ 0"
+            )
         if self.sensor_interval_seconds < 1:
             raise SettingsError(
                 f"AI_PIPELINE_SENSOR_INTERVAL must be ≥ 1, not {self.sensor_interval_seconds}"

@@ -244,3 +244,33 @@ def test_closing_the_batch_early_cancels_the_rest(store: Store) -> None:
         assert slow.stats()["total"] <= 2, "one answered, at most one more in flight"
     states = {d.state for d in store.documents.rows() if d.document_id != first}
     assert State.COMPLETED not in states
+
+
+def test_two_runs_over_the_same_documents_pay_once(store: Store) -> None:
+    """Two runs started together on the same documents: each document is called for once, by
+    whichever run claimed it; the other waits and re-reports it from the checkpoint."""
+    texts = [sample_text(60 + i) for i in range(12)]
+    ids = register(store, texts)
+    outcomes: dict[str, dict[str, list[StageDone | StageFailed]]] = {}
+    with SimulatorServer(SimulatorConfig(latency_ms=300)) as slow:
+
+        def one_run(run_id: str) -> None:
+            a = analyser(store, slow)
+            a.run_id = run_id
+            a.claims.owner = run_id
+            a.claims.poll_seconds = 0.05
+            outcomes[run_id] = run(a, ids)
+
+        runs = [threading.Thread(target=one_run, args=(f"run-{i}",)) for i in (1, 2)]
+        for t in runs:
+            t.start()
+        for t in runs:
+            t.join()
+        assert {slow.requests_for(task_of(d)) for d in ids} == {1}
+        assert slow.stats()["total"] == len(ids)
+    for events in outcomes.values():
+        assert set(events) == set(ids)
+        assert not [e for es in events.values() for e in es if not isinstance(e, StageDone)]
+    assert {d.state for d in store.documents.rows()} == {State.COMPLETED}
+    assert store.results.count() == len(ids)
+    assert store.leases.of_documents(ids) == {}, "every claim given up"

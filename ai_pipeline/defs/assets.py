@@ -26,7 +26,7 @@ from ai_pipeline.defs.checks import CHECK_SPECS, check_evaluations
 from ai_pipeline.defs.io_managers import ResultsIOManager
 from ai_pipeline.defs.partitions import documents_partitions
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
-from ai_pipeline.engine import STAGES, Analyser, StageDone, StageFailed
+from ai_pipeline.engine import STAGES, Analyser, StageDeferred, StageDone, StageFailed
 from ai_pipeline.notify import Notifier
 from ai_pipeline.reporting import build_report, chart_png, to_markdown
 
@@ -107,22 +107,33 @@ def analyse_documents(
         min_confidence=config.min_confidence,
         notifier=notifier,
         retry_budget=config.retry_budget,
+        lease_seconds=config.lease_seconds,
+        claim_wait_seconds=config.claim_wait_seconds,
     )
     context.log.info(
         f"analysing {len(document_ids)} documents with {analyser.llm.model} "
         f"(prompt {analyser.llm.prompt.version})"
     )
     failed: dict[str, StageFailed] = {}
+    elsewhere: dict[str, StageDeferred] = {}
     for done, (document_id, events) in enumerate(run_batch(analyser, document_ids), 1):
         for event in events:
             if isinstance(event, StageFailed):
                 failed[document_id] = event
+            elif isinstance(event, StageDeferred):
+                elsewhere[document_id] = event
             else:
                 yield from _report(context, event, selected_checks)
         if done % 25 == 0 or done == len(document_ids):
             context.log.info(
                 f"{done}/{len(document_ids)} documents processed, {len(failed)} failed"
             )
+    if elsewhere:
+        # Neither done nor failed here: the run that holds each reports it.
+        context.log.warning(
+            f"{len(elsewhere)} documents were in progress in other runs and were left to them: "
+            + ", ".join(f"[TASK:{d.task_id}] in {d.holder}" for _, d in sorted(elsewhere.items()))
+        )
     if failed:
         raise dg.Failure(
             description=f"{len(failed)} of {len(document_ids)} documents failed:\n"

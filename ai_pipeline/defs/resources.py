@@ -13,7 +13,7 @@ from pydantic import PrivateAttr
 
 from ai_pipeline.llm import Credentials, LLMClient
 from ai_pipeline.settings import Settings
-from ai_pipeline.store import Store, get_store
+from ai_pipeline.store import Store, open_store
 
 
 class PipelineSettings(dg.ConfigurableResource):
@@ -53,7 +53,7 @@ class ResultsStore(dg.ConfigurableResource):
         return self._store if self._store is not None else self._open()
 
     def _open(self) -> Store:
-        return get_store(Settings.load(database_url=self.database_url).database_url)
+        return open_store(Settings.load(database_url=self.database_url))
 
 
 class LLMResource(dg.ConfigurableResource):
