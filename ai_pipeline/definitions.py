@@ -7,7 +7,7 @@ from ai_pipeline.defs.io_managers import ResultsIOManager
 from ai_pipeline.defs.jobs import analysis_job, report_job
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.defs.schedules import build_nightly_retry_schedule
-from ai_pipeline.defs.sensors import build_inbox_sensor, nightly_report_sensor
+from ai_pipeline.defs.sensors import build_inbox_sensor, nightly_report_sensor, reconcile_sensor
 from ai_pipeline.settings import Settings
 
 # The settings that shape definitions (a sensor's interval, a cron) are read when the location loads.
@@ -17,7 +17,11 @@ results_store = ResultsStore()
 defs = dg.Definitions(
     assets=[analyse_documents, failure_report],
     jobs=[analysis_job, report_job],
-    sensors=[build_inbox_sensor(at_load.sensor_interval_seconds), nightly_report_sensor],
+    sensors=[
+        build_inbox_sensor(at_load.sensor_interval_seconds),
+        reconcile_sensor,
+        nightly_report_sensor,
+    ],
     schedules=[build_nightly_retry_schedule(at_load.nightly_cron, at_load.timezone)],
     resources={
         "results_store": results_store,

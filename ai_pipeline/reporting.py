@@ -41,6 +41,7 @@ def status_report(store: Store, document_ids: Sequence[str] | None = None) -> di
                 "state": d.state.value,
                 "category": d.category.value if d.category else None,
                 "attempts": d.attempts,
+                "run_id": d.run_id,
                 "error": d.last_error if d.state != State.COMPLETED else None,
                 "status_message": d.status_message,
                 "rejected_by_reviewer": d.rejected_by_reviewer,

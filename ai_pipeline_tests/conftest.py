@@ -17,9 +17,11 @@ import pytest
 
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline_tests.postgres import (
+    PG_BIN,
     PG_HOST,
     PG_PORT,
     PG_USER,
+    OwnedPostgres,
     PostgresDatabases,
     skip_or_fail,
     unavailable_reason,
@@ -91,6 +93,8 @@ def dagster_home(
     dbs = request.getfixturevalue("postgres_databases") if backend == "postgres" else None
     write_instance_yaml(home, backend, dbs)
     monkeypatch.setenv("DAGSTER_HOME", str(home))
+    # Tests write their inbox and process it at once; the ones about settling set their own.
+    monkeypatch.setenv("AI_PIPELINE_SETTLE_SECONDS", "0")
     if dbs is not None:
         monkeypatch.setenv("AI_PIPELINE_DATABASE_URL", dbs.url(dbs.create("results")))
     else:
@@ -144,12 +148,9 @@ def webhook_receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
 @pytest.fixture
 def no_inbox_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No inbox settings in the environment (nor in that of the processes the test starts)."""
-    for name in (
-        "AI_PIPELINE_INBOX",
-        "AI_PIPELINE_DOCUMENTS_PER_RUN",
-        "AI_PIPELINE_SETTLE_SECONDS",
-    ):
+    for name in ("AI_PIPELINE_INBOX", "AI_PIPELINE_DOCUMENTS_PER_RUN"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AI_PIPELINE_SETTLE_SECONDS", "0")
 
 
 @pytest.fixture
@@ -161,3 +162,22 @@ def daemon(tmp_path: Path, dagster_home: Path) -> Iterator[object]:
 
     with running(DagsterProcess.daemon(tmp_path / "daemon.log"), dagster_home) as process:
         yield process
+
+
+@pytest.fixture
+def owned_postgres(pg_skip_reason: str | None) -> Iterator[OwnedPostgres]:
+    """A PostgreSQL server of the test's own, started; the test may stop and start it."""
+    if not PG_BIN.is_dir():
+        skip_or_fail(f"no PostgreSQL server binaries in {PG_BIN}")
+    from ai_pipeline_tests.dagster_procs import free_port
+
+    server = OwnedPostgres(free_port())
+    server.init()
+    server.start()
+    try:
+        yield server
+    finally:
+        from ai_pipeline.store import dispose_stores
+
+        dispose_stores()
+        server.remove()

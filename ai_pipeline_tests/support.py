@@ -24,7 +24,7 @@ from ai_pipeline.defs.partitions import documents_partitions
 from ai_pipeline.documents import content_id, normalise_text
 from ai_pipeline.prompts import ANALYSIS
 from ai_pipeline.settings import Settings
-from ai_pipeline.store import Store, get_store
+from ai_pipeline.store import Store, open_store
 from ai_pipeline.tasks import ANALYSE_STEP, NOTIFY_STEP, task_id
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,6 +65,12 @@ def doc_id(text: str) -> str:
     return content_id(normalise_text(text).encode("utf-8"))
 
 
+def rejected_id(path: Path, data: bytes | None = None) -> str:
+    """The document id of a file that could not be read: its name and its bytes."""
+    data = path.read_bytes() if data is None else data
+    return content_id(b"rejected\x00" + str(path).encode("utf-8") + b"\x00" + data)
+
+
 def task_of(document_id: str) -> str:
     """The analysis task id of a document under the test model and the current prompt."""
     return task_id(document_id, ANALYSE_STEP, ANALYSIS.version, TEST_MODEL)
@@ -75,7 +81,7 @@ def task_of(document_id: str) -> str:
 
 def results_store() -> Store:
     """The results database the environment points at (as every command would open it)."""
-    return get_store(Settings.load().database_url)
+    return open_store(Settings.load())
 
 
 def launcher(instance: dg.DagsterInstance | None = None) -> Launcher:
@@ -115,13 +121,14 @@ def kill_when(
     """Run ``script`` in a child process and SIGKILL it once ``window()`` is true.
 
     The script monkeypatches one store method to stall, which holds the child inside the window
-    (after one durable write, before the next); everything else it runs is the real code.
+    (after one durable write, before the next); everything else it runs is the real code. The
+    child's claims last 3 s, so that the run after the kill takes its documents over quickly.
     """
     path = tmp_path / "run_and_stall.py"
     path.write_text(script)
     proc = subprocess.Popen(
         [sys.executable, str(path), *args],
-        env=os.environ.copy(),
+        env=os.environ | {"AI_PIPELINE_LEASE_SECONDS": "3"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

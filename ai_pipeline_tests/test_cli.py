@@ -6,11 +6,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from ai_pipeline.cli import build_parser
+from ai_pipeline.cli import build_parser, main
 from ai_pipeline_tests.support import EXAMPLES, REPO, make_inbox, results_store, sample_text
 
 COMMANDS = [
@@ -45,11 +46,27 @@ def cli(
 
 
 @pytest.mark.parametrize("command", [None, *COMMANDS])
-def test_help(command: str | None) -> None:
+def test_help(command: str | None, capsys: pytest.CaptureFixture[str]) -> None:
     """Every command answers --help with a usage line and exit code 0."""
-    result = cli(*(command.split() if command else []), "--help")
+    with pytest.raises(SystemExit) as exited:
+        main([*(command.split() if command else []), "--help"])
+    assert exited.value.code == 0
+    assert "usage: ai-pipeline" in capsys.readouterr().out
+
+
+def test_the_installed_command_answers_help_at_once() -> None:
+    """The ``ai-pipeline`` console script answers --help in a separate process, quickly (the
+    parser imports neither Dagster nor the store)."""
+    started = time.monotonic()
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("ai-pipeline")), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert "usage: ai-pipeline" in result.stdout
+    assert time.monotonic() - started < 20
 
 
 def test_every_command_is_in_the_help_test() -> None:
@@ -59,6 +76,7 @@ def test_every_command_is_in_the_help_test() -> None:
     assert set(sub.choices) == {c.split()[0] for c in COMMANDS}  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the demo is the embedded default
 def test_demo_twice(dagster_home: Path) -> None:
     """The demo completes every sample with one row each; a second demo makes no LLM call."""
     samples = sorted(p for p in (EXAMPLES / "inbox").iterdir() if not p.name.startswith("."))
@@ -115,6 +133,7 @@ def test_run_reports_failures_with_exit_code_1(
     assert all(str(inbox) in d["error"] for d in failed.values())
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # usage errors know no backend
 def test_run_usage_errors_exit_2(dagster_home: Path, tmp_path: Path) -> None:
     """A missing inbox, a missing API key or a bad setting is a usage error with exit code 2."""
     env = os.environ.copy()
@@ -157,3 +176,32 @@ def test_api_key_never_in_output_or_metadata(
         assert TEST_API_KEY not in json.dumps(run.tags) + json.dumps(run.run_config, default=str)
         for record in instance.all_logs(run.run_id):
             assert TEST_API_KEY not in str(record)
+
+
+def test_first_commands_at_once_on_a_fresh_instance(
+    dagster_home: Path, simulator, tmp_path: Path
+) -> None:
+    """Three first commands at once on a fresh DAGSTER_HOME: none dies with a traceback (the
+    first use is serialised), and the documents complete once."""
+    inbox = make_inbox(tmp_path / "inbox", {"a.txt": sample_text(1), "b.txt": sample_text(2)})
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "ai_pipeline.cli", *argv],
+            cwd=REPO,
+            env=os.environ.copy(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for argv in (
+            ["run", "--inbox", str(inbox), "--json"],
+            ["status"],
+            ["run", "--inbox", str(inbox)],
+        )
+    ]
+    outcomes = [(p.wait(timeout=300), p.stderr.read() if p.stderr else "") for p in procs]
+    for code, err in outcomes:
+        assert "Traceback" not in err, err[-3000:]
+        assert code == 0, err[-3000:]
+    assert results_store().results.count() == 2
+    assert simulator.stats()["total"] == 2

@@ -23,7 +23,11 @@ def test_definitions_load() -> None:
         "confidence",
         "grounding",
     }
-    assert {s.name for s in repo.sensor_defs} == {"inbox_sensor", "nightly_report_sensor"}
+    assert {s.name for s in repo.sensor_defs} == {
+        "inbox_sensor",
+        "reconcile_sensor",
+        "nightly_report_sensor",
+    }
     assert {s.name for s in repo.schedule_defs} == {"nightly_retry_schedule"}
     assert {j for j in repo.job_names if not j.startswith("__")} == {
         "analyse_documents_job",

@@ -21,7 +21,6 @@ from ai_pipeline.cli.common import (
     store,
     user,
 )
-from ai_pipeline.engine import requeue
 from ai_pipeline.failures import Category
 
 NEEDS_PERSON = ", ".join(c.value for c in Category if c.needs_person)
@@ -65,6 +64,8 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
 
 def cmd_requeue(args: argparse.Namespace) -> int:
+    from ai_pipeline.engine import requeue
+
     s = store()
     code = EXIT_OK
     for document_id in args.documents:

@@ -15,7 +15,6 @@ from ai_pipeline.cli.common import (
     print_json,
     store,
 )
-from ai_pipeline.reporting import build_report, to_markdown
 
 
 def _print_batch(summary: dict[str, Any]) -> None:
@@ -44,8 +43,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
             )
         _print_batch(out)
     if "status" in out:
-        # Waited for: 1 when a document of the batch failed, like run and backfill --wait.
-        return EXIT_FAILED if out["failed"] else EXIT_OK
+        # Waited for: 1 when a document of the batch failed or is still not done, like run and
+        # backfill --wait.
+        if out["pending"] and not args.json:
+            print(
+                f"{out['pending']} documents of the batch are not done (see: ai-pipeline batch "
+                f"{out['batch_id']}; ai-pipeline backfill --failed reruns what failed)"
+            )
+        return EXIT_FAILED if out["failed"] or out["pending"] else EXIT_OK
     return EXIT_OK
 
 
@@ -60,6 +65,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from ai_pipeline.reporting import build_report, to_markdown
+
     report = build_report(store())
     if args.json:
         print_json(report)

@@ -2,6 +2,9 @@
 
 Exit codes: 0 success, 1 some documents failed (or were left unfinished), 2 a usage or
 configuration error.
+
+Dagster, the store and pandas are imported where a command needs them, not when the parser is
+built: ``ai-pipeline --help`` answers in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -11,16 +14,17 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dagster as dg
-
-from ai_pipeline.defs.launch import Launcher
 from ai_pipeline.errors import InputError
 from ai_pipeline.failures import Category
-from ai_pipeline.settings import Settings
 from ai_pipeline.states import State
-from ai_pipeline.store import Store, get_store
+
+if TYPE_CHECKING:
+    import dagster as dg
+
+    from ai_pipeline.defs.launch import Launcher
+    from ai_pipeline.store import Store
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -49,20 +53,43 @@ def ensure_dagster_home() -> Path:
 
 
 def instance() -> dg.DagsterInstance:
-    ensure_dagster_home()
-    return dg.DagsterInstance.get()
+    """The Dagster instance of ``DAGSTER_HOME``, its storage (and the results database) created.
+
+    Two first commands on a fresh ``DAGSTER_HOME`` would race to create the SQLite tables of the
+    instance (and one would die on "table … already exists"): the first use is serialised by a lock
+    file in ``DAGSTER_HOME``, held only while the storages are opened.
+    """
+    import fcntl
+
+    import dagster as dg
+
+    from ai_pipeline.settings import Settings
+    from ai_pipeline.store import open_store
+
+    home = ensure_dagster_home()
+    with open(home / ".ai_pipeline.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        inst = dg.DagsterInstance.get()
+        inst.get_runs(limit=1)  # opens (and on first use creates) the run and event storages
+        inst.get_backfills(limit=1)
+        open_store(Settings.load())
+    return inst
 
 
 def store() -> Store:
     """The results database of the configured instance."""
+    from ai_pipeline.settings import Settings
+    from ai_pipeline.store import open_store
+
     ensure_dagster_home()
-    return get_store(Settings.load().database_url)
+    return open_store(Settings.load())
 
 
 def launcher(args: argparse.Namespace) -> Launcher:
     """The launcher for this instance and the code location; progress goes to stderr unless
     ``--json`` asked for nothing but JSON."""
     from ai_pipeline.definitions import defs
+    from ai_pipeline.defs.launch import Launcher
 
     inst = instance()
     return Launcher(inst, defs, progress=lambda m: say(getattr(args, "json", False), m))
@@ -127,14 +154,31 @@ def print_table(report: dict[str, Any]) -> None:
         print(
             "failed by category: " + ", ".join(f"{k} {v}" for k, v in counts["by_category"].items())
         )
+    elsewhere = {d["document_id"]: d["run_id"] for d in report.get("in_progress_elsewhere", [])}
     settled = (State.COMPLETED.value, State.PENDING.value)
-    failed = [r for r in report["documents"] if r["state"] not in settled]
+    failed = [
+        r
+        for r in report["documents"]
+        if r["state"] not in settled and r["document_id"] not in elsewhere
+    ]
     if failed:
         print("\nwhy:")
         for r in failed:
             print(f"  {r['document_id']}  {r['state']} {r['category'] or ''}: {r['error'] or ''}")
             if r["status_message"]:
                 print(f"      rejected: {r['status_message']}")
+    if elsewhere:
+        print(f"\nin progress in other runs ({len(elsewhere)}; left to them, not failed):")
+        for document_id, run_id in elsewhere.items():
+            print(f"  {document_id}  held by run {run_id}")
+    if report.get("skipped"):
+        print(f"\nskipped ({len(report['skipped'])} entries that are not documents):")
+        for entry in report["skipped"]:
+            print(f"  {entry['path']}: {entry['reason']}")
+    if report.get("settling"):
+        print(f"\nleft for the next run (changed too recently): {len(report['settling'])}")
+        for path in report["settling"]:
+            print(f"  {path}")
 
 
 def emit(args: argparse.Namespace, report: dict[str, Any]) -> None:

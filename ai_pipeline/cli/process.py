@@ -12,13 +12,10 @@ from ai_pipeline.cli.common import (
     UsageError,
     add_output_flags,
     emit,
-    ensure_dagster_home,
     exit_code,
     launcher,
     say,
-    store,
 )
-from ai_pipeline.reporting import status_report
 
 DEMO_API_KEY = "sim-demo-key"
 DEMO_MODEL = "sim-analyst-1"
@@ -56,8 +53,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    ensure_dagster_home()
-    emit(args, status_report(store()))
+    emit(args, launcher(args).status())
     return EXIT_OK
 
 

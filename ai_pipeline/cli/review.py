@@ -19,11 +19,13 @@ from ai_pipeline.cli.common import (
     store,
     user,
 )
-from ai_pipeline.review import MANUAL_OVERRIDE_SUCCESS, open_items, reject
+from ai_pipeline.review import MANUAL_OVERRIDE_SUCCESS
 from ai_pipeline.store.rows import Decision
 
 
 def cmd_review_list(args: argparse.Namespace) -> int:
+    from ai_pipeline.review import open_items
+
     now = datetime.now(timezone.utc)
     items: list[dict[str, Any]] = [
         {
@@ -66,6 +68,8 @@ def cmd_review_approve(args: argparse.Namespace) -> int:
 
 
 def cmd_review_reject(args: argparse.Namespace) -> int:
+    from ai_pipeline.review import reject
+
     rejection = reject(store(), args.document, reason=args.reason, by=args.by)
     if args.json:
         print_json(

@@ -33,15 +33,18 @@ from ai_pipeline.defs.backfills import (
 )
 from ai_pipeline.defs.jobs import ANALYSIS_JOB_NAME, range_tags
 from ai_pipeline.defs.partitions import PARTITIONS_NAME, documents_partitions
+from ai_pipeline.defs.sensors import run_statuses
+from ai_pipeline.documents import display_path
 from ai_pipeline.errors import InputError
 from ai_pipeline.failures import Category
 from ai_pipeline.inbox import list_files
 from ai_pipeline.intake import batch_key, contiguous_ranges, register_files, unique_in_order
+from ai_pipeline.reconcile import reconcile
 from ai_pipeline.reporting import status_report
 from ai_pipeline.review import approve as record_approval
 from ai_pipeline.settings import Settings
 from ai_pipeline.states import State
-from ai_pipeline.store import Store, get_store
+from ai_pipeline.store import Store, open_store
 from ai_pipeline.store.rows import Decision, DocumentRow
 
 QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
@@ -49,6 +52,16 @@ QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}
 
 def _silent(message: str) -> None:
     pass
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What registering a folder did: files read, their documents, what was left out and why."""
+
+    files: int
+    document_ids: list[str]
+    skipped: list[dict[str, str]]
+    settling: list[str]
 
 
 def _failure(doc: DocumentRow) -> dict[str, Any]:
@@ -66,27 +79,44 @@ class Launcher:
 
     @property
     def store(self) -> Store:
-        return get_store(self.settings.database_url)
+        return open_store(self.settings)
 
     # --- processing --------------------------------------------------------------------------
 
-    def register_inbox(self, inbox: Path) -> tuple[int, list[str]]:
-        """Register every file of ``inbox`` as a document and a partition; (files, document ids)."""
+    def register_inbox(self, inbox: Path) -> Registration:
+        """Register every file of ``inbox`` as a document and a partition (``ai_pipeline.inbox``
+        says which entries are files, which are skipped and why; files changed within the settle
+        time are left for the next run)."""
         if not inbox.is_dir():
-            raise InputError(f"inbox {inbox} is not a directory")
-        paths = list_files([inbox])
-        registered = register_files(self.store, paths, max_bytes=self.settings.max_document_bytes)
+            raise InputError(f"inbox {display_path(inbox)} is not a directory")
+        listing = list_files([inbox], settle_seconds=self.settings.settle_seconds)
+        registered = register_files(
+            self.store, listing.files, max_bytes=self.settings.max_document_bytes
+        )
         document_ids = unique_in_order(r.document_id for r in registered)
         missing = [
             d for d in document_ids if not self.instance.has_dynamic_partition(PARTITIONS_NAME, d)
         ]
         if missing:
             self.instance.add_dynamic_partitions(PARTITIONS_NAME, missing)
-        self.progress(
-            f"{len(paths)} files → {len(document_ids)} documents "
-            f"({len(paths) - len(document_ids)} duplicates)"
+        registration = Registration(
+            files=len(listing.files),
+            document_ids=document_ids,
+            skipped=[s.as_dict() for s in listing.skipped],
+            settling=[display_path(p) for p in listing.settling],
         )
-        return len(paths), document_ids
+        self.progress(
+            f"{registration.files} files → {len(document_ids)} documents "
+            f"({registration.files - len(document_ids)} duplicates)"
+        )
+        for entry in registration.skipped:
+            self.progress(f"skipped {entry['path']}: {entry['reason']}")
+        if registration.settling:
+            self.progress(
+                f"{len(registration.settling)} files changed in the last "
+                f"{self.settings.settle_seconds:g} s (still being written?): left for the next run"
+            )
+        return registration
 
     def not_done(self, document_ids: Sequence[str]) -> list[str]:
         """The documents not completed, here or in Dagster.
@@ -139,16 +169,38 @@ class Launcher:
 
     def process_inbox(self, inbox: Path, *, verbose: bool = False) -> dict[str, Any]:
         """Register the inbox's files and analyse every document not yet completed."""
-        files, document_ids = self.register_inbox(inbox)
-        todo = self.not_done(document_ids)
+        registration = self.register_inbox(inbox)
+        todo = self.not_done(registration.document_ids)
         self.progress(f"{len(todo)} to analyse")
         runs = self.execute(todo, verbose=verbose)
+        report = self.outcome(registration.document_ids, [r["run_id"] for r in runs])
         return {
-            "inbox": str(inbox),
-            "files": files,
+            "inbox": display_path(inbox),
+            "files": registration.files,
+            "skipped": registration.skipped,
+            "settling": registration.settling,
             "runs": runs,
-            **status_report(self.store, document_ids),
+            **report,
         }
+
+    def outcome(self, document_ids: Sequence[str], run_ids: Sequence[str]) -> dict[str, Any]:
+        """The status of these documents after the given runs, with the ones another run still
+        holds listed apart ("in progress elsewhere": left to that run, not failed)."""
+        report = status_report(self.store, document_ids)
+        mine = set(run_ids)
+        report["in_progress_elsewhere"] = [
+            {"document_id": d["document_id"], "run_id": d["run_id"]}
+            for d in report["documents"]
+            if d["state"] == State.RUNNING.value and d["run_id"] not in mine
+        ]
+        return report
+
+    def status(self, document_ids: Sequence[str] | None = None) -> dict[str, Any]:
+        """Every document's state, after moving out of RUNNING those whose run is over."""
+        interrupted = reconcile(self.store, run_statuses(self.instance))
+        report = status_report(self.store, document_ids)
+        report["reconciled"] = [i.document_id for i in interrupted]
+        return report
 
     # --- backfills and batches ---------------------------------------------------------------
 
@@ -180,6 +232,7 @@ class Launcher:
         if wait:
             self.progress(f"backfill {out['backfill_id']} launched; waiting for the daemon …")
             out["status"] = wait_for_backfill(self.instance, out["backfill_id"], timeout=timeout)
+            reconcile(self.store, run_statuses(self.instance))
             out.update(status_report(self.store, plan.document_ids))
         return out
 
@@ -187,9 +240,9 @@ class Launcher:
         self, inbox: Path, name: str, *, wait: bool = False, timeout: float = 1800
     ) -> dict[str, Any]:
         """Register a folder as a named batch and launch a backfill for what is pending."""
-        _, document_ids = self.register_inbox(inbox)
+        document_ids = self.register_inbox(inbox).document_ids
         if not document_ids:
-            raise InputError(f"{inbox} holds no files")
+            raise InputError(f"{display_path(inbox)} holds no files")
         batch_id = batch_key(document_ids)
         self.store.batches.save(batch_id, name, document_ids)
         pending = self.not_done(document_ids)
@@ -207,6 +260,8 @@ class Launcher:
                 out["status"] = wait_for_backfill(
                     self.instance, out["backfill_id"], timeout=timeout
                 )
+                # A document whose run died is not pending: it failed, retryably.
+                reconcile(self.store, run_statuses(self.instance))
         out.update(self.batch_summary(batch_id))
         return out
 

@@ -1,5 +1,5 @@
-"""The sensors: new inbox files become documents and range runs; a nightly backfill's end brings
-the failure report.
+"""The sensors: new inbox files become documents and range runs; documents whose run is over are
+moved out of RUNNING; a nightly backfill's end brings the failure report.
 
 The inbox sensor lists the inbox and reads only the files that arrived after its cursor, so a
 tick's cost grows with the new files, not with the documents already processed. A file whose
@@ -9,6 +9,7 @@ the sensor is built by ``build_inbox_sensor`` in ``ai_pipeline.definitions``.
 """
 
 import os
+from collections.abc import Callable, Mapping, Sequence
 
 import dagster as dg
 
@@ -17,9 +18,11 @@ from ai_pipeline.defs.jobs import analysis_job, range_run_request, report_job
 from ai_pipeline.defs.partitions import PARTITIONS_NAME, documents_partitions
 from ai_pipeline.defs.resources import PipelineSettings, ResultsStore
 from ai_pipeline.defs.schedules import NIGHTLY_TAG
+from ai_pipeline.documents import display_path
 from ai_pipeline.inbox import InboxCursor, scan_inbox
 from ai_pipeline.intake import batches, register_files, unique_in_order
 from ai_pipeline.prompts import ANALYSIS
+from ai_pipeline.reconcile import reconcile
 from ai_pipeline.states import State
 from ai_pipeline.tasks import ANALYSE_STEP, task_id
 
@@ -51,13 +54,22 @@ def _inbox_tick(
     scan = scan_inbox(
         config.inbox, InboxCursor.parse(context.cursor), settle_seconds=config.settle_seconds
     )
+    for entry in scan.skipped:
+        context.log.warning(f"skipped {entry.path}: {entry.reason}")
     if not scan.paths:
+        if scan.skipped:
+            return dg.SensorResult(
+                cursor=scan.cursor.serialize(),
+                skip_reason=dg.SkipReason(
+                    f"{len(scan.skipped)} new entries in {config.inbox}, none a document"
+                ),
+            )
         return dg.SkipReason(f"no new files in {config.inbox}")
     store = results_store.get()
     # Files that count as new only because a folder above them changed are read only if their path
     # was never registered: a folder that gains a file is not read again whole.
-    known = store.documents.known_sources(str(p) for p in scan.revisited)
-    paths = [p for p in scan.paths if not (p in scan.revisited and str(p) in known)]
+    known = store.documents.known_sources(display_path(p) for p in scan.revisited)
+    paths = [p for p in scan.paths if not (p in scan.revisited and display_path(p) in known)]
     if not paths:
         return dg.SensorResult(
             cursor=scan.cursor.serialize(),
@@ -115,3 +127,34 @@ def nightly_report_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResul
     if not requests:
         return dg.SkipReason("no nightly backfill has ended")
     return dg.SensorResult(run_requests=requests)
+
+
+def run_statuses(instance: dg.DagsterInstance) -> Callable[[Sequence[str]], Mapping[str, str]]:
+    """What ``ai_pipeline.reconcile`` asks of Dagster: the status of each of these runs."""
+
+    def lookup(run_ids: Sequence[str]) -> Mapping[str, str]:
+        if not run_ids:
+            return {}
+        runs = instance.get_runs(filters=dg.RunsFilter(run_ids=list(run_ids)))
+        return {r.run_id: r.status.value for r in runs}
+
+    return lookup
+
+
+@dg.sensor(
+    minimum_interval_seconds=20,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Moves documents out of RUNNING whose run is over (a killed worker, a run "
+    "terminated from the UI): FAILED with RUN_INTERRUPTED, retryable.",
+)
+def reconcile_sensor(
+    context: dg.SensorEvaluationContext, results_store: ResultsStore
+) -> dg.SkipReason:
+    interrupted = reconcile(results_store.get(), run_statuses(context.instance))
+    for i in interrupted:
+        context.log.warning(f"{i.document_id}: RUN_INTERRUPTED: {i.reason}")
+    return dg.SkipReason(
+        f"{len(interrupted)} documents moved out of RUNNING: their run was over"
+        if interrupted
+        else "no document is RUNNING in a run that is over"
+    )

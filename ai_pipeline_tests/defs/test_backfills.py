@@ -106,7 +106,7 @@ def seed(
     validation); the faults stay in place until the test clears them."""
     texts = {f"doc-{i}.txt": sample_text(i) for i in range(count)}
     inbox = make_inbox(tmp_path / "inbox", texts)
-    _, ids = launcher().register_inbox(inbox)
+    ids = launcher().register_inbox(inbox).document_ids
     seeded = Seeded(inbox, ids, [ids[i] for i in network], [ids[i] for i in low_confidence])
     simulator.set_faults(
         [{"kind": "status", "status": 503, "match": task_of(i)} for i in seeded.network]
@@ -506,7 +506,7 @@ def test_batch_resubmission_resumes_only_the_failed_document(
     """A batch reports its failed document; resubmitted, the same batch reruns only that one."""
     texts = {f"contract-{i}.txt": sample_text(700 + i) for i in range(5)}
     inbox = make_inbox(tmp_path / "contracts", texts)
-    _, ids = launcher().register_inbox(inbox)
+    ids = launcher().register_inbox(inbox).document_ids
     bad = ids[2]
     simulator.set_faults([{"kind": "status", "status": 503, "match": task_of(bad)}])
     daemon.start()

@@ -16,7 +16,6 @@ from ai_pipeline.defs.assets import ANALYSIS_RESULTS
 from ai_pipeline.defs.jobs import ANALYSIS_JOB_NAME
 from ai_pipeline.defs.partitions import documents_partitions
 from ai_pipeline.defs.resources import PipelineSettings, ResultsStore
-from ai_pipeline.documents import content_id
 from ai_pipeline_tests.dagster_procs import DagsterProcess, wait_for
 from ai_pipeline_tests.support import (
     RANGE_END,
@@ -25,6 +24,7 @@ from ai_pipeline_tests.support import (
     TERMINAL,
     doc_id,
     make_inbox,
+    rejected_id,
     results_store,
     sample_text,
     statuses,
@@ -158,8 +158,8 @@ def test_unreadable_files_are_registered_and_run(
             "b2.txt": good,
         },
     )
-    empty_id = content_id(b"rejected\x00")
-    latin_id = content_id(b"rejected\x00" + (inbox / "b1-latin1.txt").read_bytes())
+    empty_id = rejected_id(inbox / "b0-empty.txt")
+    latin_id = rejected_id(inbox / "b1-latin1.txt")
     ids = [empty_id, latin_id, doc_id(good)]
 
     result = call_sensor(instance, inbox)

@@ -46,6 +46,11 @@ def clean(request: pytest.FixtureRequest) -> None:
         shared: SimulatorServer = request.getfixturevalue("server")
         shared.set_faults([])
         shared.set_api_keys(None)
+        # A request an earlier test gave up on (a hang) may still be answered: let it finish
+        # before the counters start again, or it would count in this test.
+        deadline = time.monotonic() + 10
+        while shared.stats()["in_flight"] and time.monotonic() < deadline:
+            time.sleep(0.05)
         shared.reset()
 
 

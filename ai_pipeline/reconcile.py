@@ -1,0 +1,86 @@
+"""Reconciling the documents with the runs that held them: none stays RUNNING once its run is over.
+
+A document is RUNNING while a run holds its lease (``ai_pipeline.store.leases``) and works on it.
+When the run ends without settling it — its worker was killed, it was terminated from the UI, its
+process died — the document would stay RUNNING for ever. ``reconcile`` finds those documents and
+moves them to FAILED with RUN_INTERRUPTED (retryable: the next launch or backfill finishes them),
+records a failure event, and gives up the leases the run still had on them. A run is over when
+Dagster says so (``run_status``), or when it stopped renewing its lease (a process killed with
+SIGKILL that Dagster never hears of).
+
+The Dagster side calls this from the ``reconcile_sensor`` (``ai_pipeline.defs.sensors``) and before
+``ai-pipeline status`` reports; nothing here knows Dagster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ai_pipeline.failures import Category
+from ai_pipeline.states import IllegalTransition, State
+from ai_pipeline.store import Store
+from ai_pipeline.store.documents import ConcurrentChange, utcnow
+
+# Dagster run statuses after which a run holds nothing.
+RUN_OVER = frozenset({"SUCCESS", "FAILURE", "CANCELED"})
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    document_id: str
+    run_id: str | None
+    reason: str
+
+
+def reconcile(
+    store: Store, run_status: Callable[[Sequence[str]], Mapping[str, str]]
+) -> list[Interrupted]:
+    """Move every RUNNING document whose run is over to FAILED (RUN_INTERRUPTED).
+
+    ``run_status`` maps run ids to their status (``"STARTED"``, ``"FAILURE"``, …) for the runs it
+    knows; a run it does not know is judged by its leases alone.
+    """
+    running = store.documents.rows_in_state(State.RUNNING)
+    if not running:
+        return []
+    statuses = run_status(sorted({d.run_id for d in running if d.run_id}))
+    leases = store.leases.of_documents([d.document_id for d in running])
+    now = utcnow()
+    out: list[Interrupted] = []
+    for doc in running:
+        status = statuses.get(doc.run_id) if doc.run_id else None
+        live = [lease for lease in leases.get(doc.document_id, []) if lease.live(now)]
+        if status in RUN_OVER:
+            reason = f"its run {doc.run_id} ended ({status}) before the document did"
+        elif not live:
+            reason = (
+                f"its run {doc.run_id or '(unknown)'} stopped holding it (its claim expired: "
+                "the process died or lost the database)"
+            )
+        else:
+            continue
+        reason += "; the next launch or `ai-pipeline backfill --failed` finishes it"
+        try:
+            store.documents.transition(
+                doc.document_id,
+                State.FAILED,
+                category=Category.RUN_INTERRUPTED,
+                error=reason,
+                count_attempt=True,
+                expected_run_id=doc.run_id,
+            )
+        except (ConcurrentChange, IllegalTransition):
+            continue  # another run took it over meanwhile: it is not interrupted
+        store.events.record_failure(
+            doc.document_id,
+            Category.RUN_INTERRUPTED,
+            reason,
+            task_id=doc.task_id,
+            run_id=doc.run_id,
+            attempt=doc.attempts + 1,
+        )
+        if doc.run_id and status in RUN_OVER:
+            store.leases.release_owner(doc.run_id)
+        out.append(Interrupted(doc.document_id, doc.run_id, reason))
+    return out

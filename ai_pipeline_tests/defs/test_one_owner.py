@@ -1,0 +1,306 @@
+"""One owner per task under real processes: overlapping launches, a killed owner, a database
+outage, a killed run worker. "Paid once" is counted where it is paid: at the simulator, per
+Idempotency-Key."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from ai_pipeline.failures import Category
+from ai_pipeline.rehearsal.faults import SimulatorConfig
+from ai_pipeline.rehearsal.simulator import SimulatorServer
+from ai_pipeline.states import State
+from ai_pipeline.tasks import ANALYSE_STEP
+from ai_pipeline_tests.dagster_procs import DagsterProcess, live_members, wait_for
+from ai_pipeline_tests.postgres import OwnedPostgres
+from ai_pipeline_tests.support import (
+    REPO,
+    TEST_API_KEY,
+    TEST_MODEL,
+    doc_id,
+    make_inbox,
+    process_inbox,
+    results_store,
+    sample_text,
+    task_of,
+)
+
+
+@pytest.fixture
+def slow_llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimulatorServer]:
+    """A simulator that takes 3 s per answer, with the LLM settings of every process pointing at
+    it."""
+    with SimulatorServer(SimulatorConfig(latency_ms=3000, max_concurrency=128)) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", TEST_API_KEY)
+        monkeypatch.setenv("AI_PIPELINE_MODEL", TEST_MODEL)
+        monkeypatch.setenv("AI_PIPELINE_LLM_CONCURRENCY", "50")
+        monkeypatch.setenv("AI_PIPELINE_DOCUMENTS_PER_RUN", "100")
+        yield server
+
+
+def start_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "ai_pipeline.cli", *argv],
+        cwd=REPO,
+        env=os.environ.copy() | (env or {}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 420) -> tuple[int, dict[str, Any]]:
+    out, err = proc.communicate(timeout=timeout)
+    assert out, err[-3000:]
+    return proc.returncode, json.loads(out)
+
+
+def corpus(tmp_path: Path, n: int, offset: int) -> tuple[Path, list[str]]:
+    texts = {f"doc-{i:03d}.txt": sample_text(offset + i) for i in range(n)}
+    return make_inbox(tmp_path / "inbox", texts), [doc_id(t) for t in texts.values()]
+
+
+def assert_paid_once(simulator: SimulatorServer, ids: list[str]) -> None:
+    calls = {d: simulator.requests_for(task_of(d)) for d in ids}
+    assert {d: c for d, c in calls.items() if c != 1} == {}
+    assert simulator.stats()["total"] == len(ids)
+    store = results_store()
+    assert store.results.count() == len(ids)
+    assert {d.state for d in store.documents.rows(ids)} == {State.COMPLETED}
+
+
+@pytest.mark.slow
+def test_two_runs_started_together_pay_once(
+    dagster_home: Path, slow_llm: SimulatorServer, tmp_path: Path
+) -> None:
+    """Two ``ai-pipeline run`` on the same 100 documents at once, 3 s per answer: every document
+    is called for exactly once, one row each, and both commands report every one COMPLETED."""
+    inbox, ids = corpus(tmp_path, 100, 10_000)
+
+    first = start_cli("run", "--inbox", str(inbox), "--json")
+    second = start_cli("run", "--inbox", str(inbox), "--json")
+    outcomes = [finish(first), finish(second)]
+
+    for code, report in outcomes:
+        assert code == 0, report["counts"]
+        assert report["counts"]["by_state"] == {"COMPLETED": 100}
+        assert report["in_progress_elsewhere"] == []
+    assert_paid_once(slow_llm, ids)
+
+
+# The daemon tests run on one backend: what they add to the two-run and takeover tests (which run
+# on both) is the daemon's path — backfill, queued runs, a run worker — which is the same on both.
+@pytest.mark.slow
+@pytest.mark.daemon
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_batch_under_the_daemon_overlapping_a_run_pays_once(
+    dagster_home: Path,
+    slow_llm: SimulatorServer,
+    daemon: DagsterProcess,
+    tmp_path: Path,
+) -> None:
+    """``submit --wait`` (a backfill, queued runs under a real daemon) and ``run`` over the same
+    100 documents at once: one call per document, both exit 0."""
+    inbox, ids = corpus(tmp_path, 100, 20_000)
+    daemon.start()
+
+    batch = start_cli("submit", str(inbox), "--batch", "overlap", "--wait", "--json")
+    time.sleep(5)  # the backfill is registered; the daemon picks it up while the run goes on
+    run = start_cli("run", "--inbox", str(inbox), "--json")
+    run_code, run_report = finish(run)
+    batch_code, batch_report = finish(batch)
+
+    assert run_code == 0, run_report["counts"]
+    assert (batch_code, batch_report["status"]) == (0, "COMPLETED_SUCCESS")
+    assert (batch_report["succeeded"], batch_report["pending"]) == (100, 0)
+    assert_paid_once(slow_llm, ids)
+
+
+KILL_AFTER_CHECKPOINTS = 4
+
+
+@pytest.mark.slow
+def test_a_claim_whose_owner_was_killed_is_taken_over_after_it_expires(
+    dagster_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run holding documents is SIGKILLed mid-flight; the next run waits out its claims
+    (3 s), takes them over and completes everything: no document is called for more than once
+    plus the calls that were in flight at the kill."""
+    with SimulatorServer(SimulatorConfig(latency_ms=1000, max_concurrency=64)) as llm:
+        monkeypatch.setenv("OPENAI_BASE_URL", llm.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", TEST_API_KEY)
+        monkeypatch.setenv("AI_PIPELINE_MODEL", TEST_MODEL)
+        monkeypatch.setenv("AI_PIPELINE_LLM_CONCURRENCY", "4")
+        monkeypatch.setenv("AI_PIPELINE_LEASE_SECONDS", "3")
+        inbox, ids = corpus(tmp_path, 20, 30_000)
+        store = results_store()
+        owner = start_cli("run", "--inbox", str(inbox), "--json")
+        deadline = time.monotonic() + 120
+        while store.checkpoints.count(ANALYSE_STEP) < KILL_AFTER_CHECKPOINTS:
+            assert owner.poll() is None and time.monotonic() < deadline, "never reached the kill"
+            time.sleep(0.05)
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=30)
+        in_flight = llm.stats()["in_flight"]
+        checkpointed = [d for d in ids if store.checkpoints.get(task_of(d)) is not None]
+        held = [d.document_id for d in store.documents.rows(ids) if d.state == State.RUNNING]
+        assert held, "the killed run held documents"
+
+        started = time.monotonic()
+        report = process_inbox(inbox)
+        took = time.monotonic() - started
+
+        assert report["counts"]["by_state"] == {"COMPLETED": 20}
+        after = {d: llm.requests_for(task_of(d)) for d in ids}
+        assert all(after[d] <= 2 for d in ids)
+        assert sum(after.values()) - len(ids) <= in_flight + KILL_AFTER_CHECKPOINTS
+        assert len(checkpointed) >= KILL_AFTER_CHECKPOINTS
+        assert {d: after[d] for d in checkpointed} == {d: 1 for d in checkpointed}
+        assert took >= 1.0, "the dead run's claims were waited out, not ignored"
+        assert store.results.count() == 20
+
+
+def _instance_on(server: OwnedPostgres, home: Path) -> None:
+    name = "dagster_outage"
+    server.create_database(name)
+    (home / "dagster.yaml").write_text(
+        (REPO / "dagster.yaml").read_text()
+        + f"""
+storage:
+  postgres:
+    postgres_db:
+      hostname: 127.0.0.1
+      port: {server.port}
+      db_name: {name}
+      username: postgres
+      scheme: postgresql+psycopg2
+"""
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)  # the outage is PostgreSQL's
+def test_a_15_s_database_outage_loses_no_paid_answer(
+    dagster_home: Path,
+    owned_postgres: OwnedPostgres,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The PostgreSQL server holding both the instance and the results stops for 15 s mid-run:
+    afterwards no document is RUNNING, no answer returned before the outage is bought again, and
+    one rerun completes the rest."""
+    _instance_on(owned_postgres, dagster_home)
+    monkeypatch.setenv("AI_PIPELINE_DATABASE_URL", owned_postgres.create_database("results_outage"))
+    with SimulatorServer(SimulatorConfig(latency_ms=500, max_concurrency=64)) as llm:
+        monkeypatch.setenv("OPENAI_BASE_URL", llm.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", TEST_API_KEY)
+        monkeypatch.setenv("AI_PIPELINE_MODEL", TEST_MODEL)
+        monkeypatch.setenv("AI_PIPELINE_LLM_CONCURRENCY", "4")
+        inbox, ids = corpus(tmp_path, 40, 40_000)
+        store = results_store()
+        run = start_cli("run", "--inbox", str(inbox), "--json")
+        deadline = time.monotonic() + 120
+        while store.checkpoints.count(ANALYSE_STEP) < 8:
+            assert run.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        owned_postgres.stop()
+        stopped_at = time.monotonic()
+        answered_before = {r["key"] for r in llm.stats()["requests"] if r["status"] == 200}
+        time.sleep(15)
+        owned_postgres.start()
+        code, report = finish(run, timeout=300)
+        print(f"run exit {code} {time.monotonic() - stopped_at:.0f} s after the stop")
+
+        assert not [d for d in store.documents.rows(ids) if d.state == State.RUNNING]
+        rerun = process_inbox(inbox)
+        assert rerun["counts"]["by_state"] == {"COMPLETED": 40}
+        calls = {d: llm.requests_for(task_of(d)) for d in ids}
+        bought_twice = [d for d in ids if task_of(d) in answered_before and calls[d] > 1]
+        assert bought_twice == []
+        assert store.results.count() == 40
+
+
+def _run_workers(daemon: DagsterProcess) -> list[int]:
+    """The daemon's run workers: the code server starts each run in a process of its own
+    (multiprocessing's spawn), in the daemon's process group."""
+    assert daemon.proc is not None
+    workers = []
+    for pid in live_members(daemon.proc.pid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline:
+            workers.append(pid)
+    return workers
+
+
+@pytest.mark.slow
+@pytest.mark.daemon
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)  # see the overlap test
+def test_a_killed_run_worker_is_reconciled_and_rerun(
+    dagster_home: Path,
+    instance: dg.DagsterInstance,
+    daemon: DagsterProcess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A daemon-launched run worker SIGKILLed mid-run: within 60 s every document it held is out
+    of RUNNING (RUN_INTERRUPTED, retryable), ``submit --wait`` exits non-zero with the batch not
+    done, and ``backfill --failed`` finishes them."""
+    with SimulatorServer(SimulatorConfig(latency_ms=2000, max_concurrency=64)) as llm:
+        monkeypatch.setenv("OPENAI_BASE_URL", llm.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", TEST_API_KEY)
+        monkeypatch.setenv("AI_PIPELINE_MODEL", TEST_MODEL)
+        monkeypatch.setenv("AI_PIPELINE_LLM_CONCURRENCY", "2")
+        inbox, ids = corpus(tmp_path, 10, 50_000)
+        store = results_store()
+        daemon.start()
+        batch = start_cli("submit", str(inbox), "--batch", "killed", "--wait", "--json")
+
+        def a_worker_holding_documents() -> tuple[str, list[int]] | None:
+            held = [d for d in store.documents.rows(ids) if d.state == State.RUNNING]
+            run_ids = {d.run_id for d in held if d.run_id}
+            workers = _run_workers(daemon)
+            if len(run_ids) == 1 and workers:
+                return run_ids.pop(), workers
+            return None
+
+        run_id, pids = wait_for(
+            daemon, "a run worker holding documents", a_worker_holding_documents
+        )
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+
+        def reconciled() -> bool:
+            docs = store.documents.rows(ids)
+            return not [d for d in docs if d.state == State.RUNNING and d.run_id == run_id]
+
+        wait_for(daemon, "the killed run's documents out of RUNNING", reconciled, timeout=90)
+        assert time.monotonic() - killed_at < 60
+        interrupted = [d for d in store.documents.rows(ids) if d.run_id == run_id]
+        assert interrupted
+        assert {d.category for d in interrupted if d.state == State.FAILED} == {
+            Category.RUN_INTERRUPTED
+        }
+        code, summary = finish(batch)
+        assert code == 1 and summary["failed"] + summary["pending"] > 0
+
+        backfill = start_cli("backfill", "--failed", "--wait", "--json")
+        backfill_code, out = finish(backfill)
+        assert backfill_code == 0, out
+        assert {d.state for d in store.documents.rows(ids)} == {State.COMPLETED}
+        assert store.results.count() == len(ids)
