@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from ai_pipeline.defs.assets import analyse_documents, failure_report
+from ai_pipeline.defs.assets import analyse_documents, failure_report, with_backfill_run_size
 from ai_pipeline.defs.io_managers import ResultsIOManager
 from ai_pipeline.defs.jobs import analysis_job, report_job
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
@@ -15,7 +15,7 @@ at_load = Settings.load()
 results_store = ResultsStore()
 
 defs = dg.Definitions(
-    assets=[analyse_documents, failure_report],
+    assets=[with_backfill_run_size(analyse_documents, at_load.backfill_run_size), failure_report],
     jobs=[analysis_job, report_job],
     sensors=[
         build_inbox_sensor(at_load.sensor_interval_seconds),

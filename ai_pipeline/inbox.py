@@ -22,6 +22,7 @@ plus the new files. Reading the files is ``ai_pipeline.documents``; registering 
 from __future__ import annotations
 
 import errno
+import heapq
 import json
 import os
 import stat
@@ -202,13 +203,15 @@ class InboxScan:
 
     ``revisited`` are the files among ``paths`` that count as arrived only because a folder above
     them changed (a folder moved in, or a file added beside them): the caller should skip those it
-    already knows, without reading them.
+    already knows, without reading them. ``more`` counts the arrivals left for the next scan by
+    its ``limit``.
     """
 
     paths: list[Path]
     cursor: InboxCursor
     revisited: frozenset[Path] = frozenset()
     skipped: list[Skipped] = field(default_factory=list)
+    more: int = 0
 
 
 def scan_inbox(
@@ -217,11 +220,14 @@ def scan_inbox(
     *,
     settle_seconds: float = 0.0,
     now_ns: int | None = None,
+    limit: int | None = None,
 ) -> InboxScan:
     """Find the entries of ``inbox`` (recursively) that arrived after ``cursor``.
 
     Files that changed within ``settle_seconds`` are left for the next scan (they may still be
-    being written). Skipped entries are reported once, when they arrive.
+    being written). Skipped entries are reported once, when they arrive. With ``limit``, at most
+    that many entries (the earliest arrivals) are taken and the cursor stops after the last one
+    taken, so a backlog is drained over successive scans: ``InboxScan.more`` says one is left.
     """
     cursor = cursor or InboxCursor()
     root = _root(inbox)
@@ -237,9 +243,15 @@ def scan_inbox(
         ):
             continue
         found.append((f.arrived_ns, name, f))
-    found.sort(key=lambda item: (item[0], item[1]))
     if not found:
         return InboxScan(paths=[], cursor=cursor)
+    more = 0
+    if limit is not None and len(found) > limit:
+        # Only the earliest ``limit`` need sorting; the rest wait for the next scan.
+        more = len(found) - limit
+        found = heapq.nsmallest(limit, found, key=lambda item: (item[0], item[1]))
+    else:
+        found.sort(key=lambda item: (item[0], item[1]))
     newest = found[-1][0]
     names = {name for arrived, name, _ in found if arrived == newest}
     if newest == cursor.arrived_ns:
@@ -250,4 +262,5 @@ def scan_inbox(
         cursor=InboxCursor(arrived_ns=newest, names=frozenset(names)),
         revisited=frozenset(f.path for f in files if f.folder_ns > f.own_ns),
         skipped=[Skipped(display_path(f.path), f.skipped) for _, _, f in found if f.skipped],
+        more=more,
     )

@@ -9,11 +9,11 @@ with INPUT_QUALITY_ISSUE and a reason naming the file, and the rest of the batch
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ai_pipeline.documents import RejectedFile, load
+from ai_pipeline.documents import Document, RejectedFile, load
 from ai_pipeline.store import Store
 
 
@@ -24,19 +24,42 @@ class Registered:
     rejected_reason: str | None = None
 
 
-def register_files(store: Store, paths: Iterable[Path], *, max_bytes: int) -> list[Registered]:
-    """Read and record each file; never raises for a bad file."""
-    out = []
-    for path in paths:
-        doc = load(path, max_bytes=max_bytes)
-        store.documents.register(doc)
-        out.append(
+FILES_PER_TRANSACTION = 500
+
+
+def register_files(
+    store: Store,
+    paths: Iterable[Path],
+    *,
+    max_bytes: int,
+    progress: Callable[[int], None] | None = None,
+) -> list[Registered]:
+    """Read and record each file, ``FILES_PER_TRANSACTION`` files to a transaction; never raises
+    for a bad file. ``progress`` hears the number of files registered so far after each
+    transaction."""
+    out: list[Registered] = []
+    chunk: list[Document | RejectedFile] = []
+
+    def flush() -> None:
+        store.documents.register_many(chunk)
+        out.extend(
             Registered(
                 document_id=doc.document_id,
                 source=doc.source,
                 rejected_reason=doc.reason if isinstance(doc, RejectedFile) else None,
             )
+            for doc in chunk
         )
+        chunk.clear()
+        if progress is not None:
+            progress(len(out))
+
+    for path in paths:
+        chunk.append(load(path, max_bytes=max_bytes))
+        if len(chunk) >= FILES_PER_TRANSACTION:
+            flush()
+    if chunk:
+        flush()
     return out
 
 

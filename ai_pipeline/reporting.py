@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import io
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pandas as pd
@@ -23,44 +23,72 @@ import pandas as pd
 from ai_pipeline.settings import Settings
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
+from ai_pipeline.store.rows import DocumentRow
 
 
-def status_report(store: Store, document_ids: Sequence[str] | None = None) -> dict[str, Any]:
-    """Documents (all, or these) with their state and outcome, and the counts."""
-    docs = store.documents.rows(document_ids)
-    sources = store.documents.sources(document_ids)
-    results = {r.document_id: r for r in store.results.get(document_ids)}
-    rows = []
-    for d in docs:
-        result = results.get(d.document_id)
-        rows.append(
-            {
-                "document_id": d.document_id,
-                "source": d.source,
-                "sources": sources.get(d.document_id, [d.source]),
-                "state": d.state.value,
-                "category": d.category.value if d.category else None,
-                "attempts": d.attempts,
-                "run_id": d.run_id,
-                "error": d.last_error if d.state != State.COMPLETED else None,
-                "status_message": d.status_message,
-                "rejected_by_reviewer": d.rejected_by_reviewer,
-                "summary": result.summary if result else None,
-                "sentiment": result.sentiment if result else None,
-                "updated_at": d.updated_at.isoformat(),
-            }
+def status_report(
+    store: Store,
+    document_ids: Sequence[str] | None = None,
+    *,
+    states: Iterable[State] | None = None,
+    limit: int | None = None,
+) -> dict[str, Any]:
+    """These documents with their state and outcome, and their counts.
+
+    Without ``document_ids`` the counts are of every document (one grouped query) and the
+    documents listed are those in ``states`` (every state: None), the most recently changed
+    first, at most ``limit``; ``omitted`` says how many more there are.
+    """
+    if document_ids is not None:
+        docs = store.documents.rows(document_ids)
+    else:
+        docs = store.documents.listing(states, None if limit is None else limit)
+    ids = [d.document_id for d in docs]
+    sources = store.documents.sources(ids)
+    results = {r.document_id: r for r in store.results.get(ids)}
+    rows = [_status_row(d, sources, results.get(d.document_id)) for d in docs]
+    if document_ids is not None:
+        by_state = dict(sorted(Counter(r["state"] for r in rows).items()))
+        by_category = dict(
+            sorted(
+                Counter(
+                    r["category"]
+                    for r in rows
+                    if r["category"] and r["state"] != State.COMPLETED.value
+                ).items()
+            )
         )
-    by_state = Counter(r["state"] for r in rows)
-    by_category = Counter(
-        r["category"] for r in rows if r["category"] and r["state"] != State.COMPLETED.value
-    )
+    else:
+        by_state, by_category = store.documents.summary()
+    total = sum(by_state.values())
+    if document_ids is None:
+        wanted = {s.value for s in states} if states is not None else set(by_state)
+        in_states = sum(n for s, n in by_state.items() if s in wanted)
+        omitted = in_states - len(rows)
+    else:
+        omitted = 0
     return {
         "documents": rows,
-        "counts": {
-            "total": len(rows),
-            "by_state": dict(sorted(by_state.items())),
-            "by_category": dict(sorted(by_category.items())),
-        },
+        "omitted": omitted,
+        "counts": {"total": total, "by_state": by_state, "by_category": by_category},
+    }
+
+
+def _status_row(d: DocumentRow, sources: dict[str, list[str]], result: Any) -> dict[str, Any]:
+    return {
+        "document_id": d.document_id,
+        "source": d.source,
+        "sources": sources.get(d.document_id, [d.source]),
+        "state": d.state.value,
+        "category": d.category.value if d.category else None,
+        "attempts": d.attempts,
+        "run_id": d.run_id,
+        "error": d.last_error if d.state != State.COMPLETED else None,
+        "status_message": d.status_message,
+        "rejected_by_reviewer": d.rejected_by_reviewer,
+        "summary": result.summary if result else None,
+        "sentiment": result.sentiment if result else None,
+        "updated_at": d.updated_at.isoformat(),
     }
 
 

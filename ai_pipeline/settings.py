@@ -103,6 +103,16 @@ SETTINGS: dict[str, Setting] = {
     "sensor_interval_seconds": Setting(
         "AI_PIPELINE_SENSOR_INTERVAL", 30, "seconds between inbox sensor ticks (at load)"
     ),
+    "backfill_run_size": Setting(
+        "AI_PIPELINE_BACKFILL_RUN_SIZE",
+        100,
+        "documents per run of a backfill the daemon runs (at load; each run is a process start)",
+    ),
+    "sensor_max_files": Setting(
+        "AI_PIPELINE_SENSOR_MAX_FILES",
+        1000,
+        "new inbox files one sensor tick takes at most (a backlog drains over ticks)",
+    ),
     "nightly_cron": Setting(
         "AI_PIPELINE_NIGHTLY_CRON", "0 2 * * *", "the nightly retry schedule (at load)"
     ),
@@ -133,6 +143,8 @@ class Settings:
     lease_seconds: float
     claim_wait_seconds: float
     sensor_interval_seconds: int
+    sensor_max_files: int
+    backfill_run_size: int
     nightly_cron: str
     timezone: str
 
@@ -175,6 +187,14 @@ class Settings:
         if self.db_retry_seconds < 0 or self.claim_wait_seconds < 0:
             raise SettingsError(
                 "AI_PIPELINE_DB_RETRY_SECONDS and AI_PIPELINE_CLAIM_WAIT_SECONDS must be ≥ 0"
+            )
+        if self.backfill_run_size < 1:
+            raise SettingsError(
+                f"AI_PIPELINE_BACKFILL_RUN_SIZE must be ≥ 1, not {self.backfill_run_size}"
+            )
+        if self.sensor_max_files < 1:
+            raise SettingsError(
+                f"AI_PIPELINE_SENSOR_MAX_FILES must be ≥ 1, not {self.sensor_max_files}"
             )
         if self.sensor_interval_seconds < 1:
             raise SettingsError(

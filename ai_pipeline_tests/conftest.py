@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ai_pipeline.defs.dagster_private import plan_events_per_run
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline_tests.postgres import (
     PG_BIN,
@@ -27,6 +28,11 @@ from ai_pipeline_tests.postgres import (
     unavailable_reason,
 )
 from ai_pipeline_tests.support import REPO, TEST_API_KEY, TEST_MODEL
+
+# As the README asks of every Dagster process (CLI, daemon, webserver): one planned event per
+# asset and run. Daemons and commands the tests start inherit it; the test of per-document FAILED
+# status runs with it and without.
+plan_events_per_run()
 
 
 @pytest.fixture(scope="session")

@@ -107,6 +107,17 @@ def statuses(instance: dg.DagsterInstance, asset_key: dg.AssetKey, keys: list[st
     return dict(instance.get_status_by_partition(asset_key, keys, documents_partitions) or {})
 
 
+def compute_log(instance: dg.DagsterInstance, run_id: str) -> str:
+    """What the run's steps wrote to stderr, as Dagster captured it (the UI's compute log)."""
+    out = []
+    for record in instance.all_logs(run_id, of_type=dg.DagsterEventType.LOGS_CAPTURED):
+        assert record.dagster_event is not None
+        file_key = record.dagster_event.event_specific_data.file_key  # type: ignore[union-attr]
+        data = instance.compute_log_manager.get_log_data([run_id, "compute_logs", file_key])
+        out.append((data.stderr or b"").decode("utf-8", "replace"))
+    return "".join(out)
+
+
 def user_messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
     """The log lines our code wrote in a run (Dagster's own events left out)."""
     return [r.user_message for r in instance.all_logs(run_id) if r.dagster_event is None]

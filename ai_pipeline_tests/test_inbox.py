@@ -146,6 +146,53 @@ def test_files_sharing_the_cursor_timestamp_are_not_lost(tmp_path: Path) -> None
     assert scan_inbox(inbox, known).paths == []
 
 
+def _drain(inbox: Path, limit: int) -> list[list[str]]:
+    """The names each scan takes, scan after scan with the returned cursor, until none is new."""
+    cursor, scans = None, []
+    for _ in range(100):
+        scan = scan_inbox(inbox, cursor, limit=limit)
+        if not scan.paths:
+            assert scan.more == 0
+            return scans
+        assert len(scan.paths) <= limit
+        scans.append([p.name for p in scan.paths])
+        cursor = scan.cursor
+    raise AssertionError("the scans never ran dry")
+
+
+def test_a_limited_scan_drains_a_backlog_once_each_in_arrival_order(tmp_path: Path) -> None:
+    """With a limit, scans take the earliest arrivals and the cursor moves past exactly them:
+    every file once, in arrival order, over ceil(n / limit) scans."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for i in range(23):
+        (inbox / f"f{i:02d}.txt").write_text(f"file {i}", encoding="utf-8")
+    first = scan_inbox(inbox, limit=5)
+    assert first.more == 18
+    scans = _drain(inbox, 5)
+    assert [len(s) for s in scans] == [5, 5, 5, 5, 3]
+    names = [n for s in scans for n in s]
+    assert names == [p.name for p in scan_inbox(inbox).paths]
+    assert len(set(names)) == 23
+
+
+def test_a_limit_that_cuts_through_one_instant_loses_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many files arriving at one instant (one timestamp tick), cut by the limit: the cursor
+    keeps the names taken at that instant, so the rest come next, none twice."""
+    import ai_pipeline.inbox as inbox_module
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for i in range(12):
+        (inbox / f"same{i:02d}.txt").write_text(f"file {i}", encoding="utf-8")
+    monkeypatch.setattr(inbox_module, "_arrival_ns", lambda st: 1_000)
+    scans = _drain(inbox, 5)
+    assert [len(s) for s in scans] == [5, 5, 2]
+    assert sorted(n for s in scans for n in s) == [f"same{i:02d}.txt" for i in range(12)]
+
+
 def test_scan_of_missing_inbox_raises(tmp_path: Path) -> None:
     """Scanning a folder that does not exist raises FileNotFoundError naming it."""
     with pytest.raises(FileNotFoundError, match="nope"):

@@ -33,10 +33,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.json:
         print_json(out)
     else:
-        print(
-            f"batch {out['batch_id']} ({args.batch}): {out['total']} documents, "
-            f"{out['pending_at_submit']} submitted for analysis"
-        )
+        if out["already_running"]:
+            print(
+                f"batch {out['batch_id']} ({args.batch}): {out['total']} documents; its backfill "
+                f"{out['backfill_id']} is still queued or running, nothing new launched"
+            )
+        else:
+            print(
+                f"batch {out['batch_id']} ({args.batch}): {out['total']} documents, "
+                f"{out['pending_at_submit']} submitted for analysis"
+            )
         if out["backfill_id"]:
             print(
                 f"backfill {out['backfill_id']}; follow it with: ai-pipeline batch {out['batch_id']}"

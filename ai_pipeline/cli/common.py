@@ -13,8 +13,9 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ai_pipeline.errors import InputError
 from ai_pipeline.failures import Category
@@ -63,10 +64,12 @@ def instance() -> dg.DagsterInstance:
 
     import dagster as dg
 
+    from ai_pipeline.defs.dagster_private import plan_events_per_run
     from ai_pipeline.settings import Settings
     from ai_pipeline.store import open_store
 
     home = ensure_dagster_home()
+    plan_events_per_run()
     with open(home / ".ai_pipeline.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         inst = dg.DagsterInstance.get()
@@ -92,7 +95,10 @@ def launcher(args: argparse.Namespace) -> Launcher:
     from ai_pipeline.defs.launch import Launcher
 
     inst = instance()
-    return Launcher(inst, defs, progress=lambda m: say(getattr(args, "json", False), m))
+    if getattr(args, "json", False):
+        return Launcher(inst, defs)
+    console = Console(sys.stderr)
+    return Launcher(inst, defs, progress=console.say, live=console.live)
 
 
 def categories(values: list[str] | None) -> list[Category]:
@@ -123,6 +129,40 @@ def add_wait_flags(p: argparse.ArgumentParser, what: str) -> None:
     """``--wait`` and ``--timeout`` for the commands that launch a backfill."""
     p.add_argument("--wait", action="store_true", help=f"wait for {what} to end, print the outcome")
     p.add_argument("--timeout", type=float, default=1800, help="seconds --wait waits (1800)")
+
+
+class Console:
+    """Messages and a live progress line on a stream (stderr).
+
+    On a terminal the live line is rewritten in place and cleared before a message; otherwise it
+    is printed as a plain line at most every ``every`` seconds (a log file gets a line now and
+    then, not a thousand).
+    """
+
+    def __init__(self, stream: TextIO, *, every: float = 10.0):
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.every = every
+        self._shown = False
+        self._last = float("-inf")
+
+    def say(self, message: str) -> None:
+        self._clear()
+        print(message, file=self.stream, flush=True)
+
+    def live(self, line: str) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[K" + line)
+            self.stream.flush()
+            self._shown = True
+        elif time.monotonic() - self._last >= self.every:
+            self._last = time.monotonic()
+            print(line, file=self.stream, flush=True)
+
+    def _clear(self) -> None:
+        if self._shown:
+            self.stream.write("\r\x1b[K")
+            self._shown = False
 
 
 def say(quiet: bool, message: str) -> None:

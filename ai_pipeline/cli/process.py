@@ -16,6 +16,7 @@ from ai_pipeline.cli.common import (
     launcher,
     say,
 )
+from ai_pipeline.states import State
 
 DEMO_API_KEY = "sim-demo-key"
 DEMO_MODEL = "sim-analyst-1"
@@ -53,7 +54,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    emit(args, launcher(args).status())
+    if args.limit < 0:
+        raise UsageError(f"--limit must be ≥ 0, not {args.limit}")
+    if args.state:
+        unknown = [s for s in args.state if s not in State.__members__]
+        if unknown:
+            raise UsageError(f"unknown state {unknown[0]!r}; one of {', '.join(State.__members__)}")
+        states: list[State] | None = [State(s) for s in args.state]
+    elif args.all:
+        states = None
+    else:
+        states = [s for s in State if s != State.COMPLETED]
+    limit = None if args.all else args.limit
+    report = launcher(args).status(states=states, limit=limit)
+    emit(args, report)
+    if report["omitted"] and not args.json:
+        print(f"({report['omitted']} more not shown: --limit N, --state STATE or --all)")
     return EXIT_OK
 
 
@@ -87,8 +103,21 @@ def add_commands(sub: Any) -> None:
 
     p = sub.add_parser(
         "status",
-        help="every document with its state and failure category",
-        description="Report every known document: state, failure category, error, summary.",
+        help="documents by state and failure category; those not completed listed",
+        description="Count every known document by state and failure category, and list the "
+        "documents not completed (the most recently changed first, at most --limit): state, "
+        "failure category, error. --state lists the documents in these states, --all every "
+        "document.",
     )
+    p.add_argument(
+        "--state",
+        action="append",
+        metavar="STATE",
+        help="list the documents in this state (repeatable), e.g. FAILED, COMPLETED",
+    )
+    p.add_argument(
+        "--limit", type=int, default=50, help="list at most this many documents (default: 50)"
+    )
+    p.add_argument("--all", action="store_true", help="list every document, in any state")
     add_output_flags(p)
     p.set_defaults(func=cmd_status)

@@ -23,7 +23,12 @@ import pandas as pd
 
 from ai_pipeline.batch import run_batch
 from ai_pipeline.defs.checks import CHECK_SPECS, check_evaluations
+from ai_pipeline.defs.dagster_private import (
+    planned_events_per_partition,
+    report_planned_materialization,
+)
 from ai_pipeline.defs.io_managers import ResultsIOManager
+from ai_pipeline.defs.logs import run_log
 from ai_pipeline.defs.partitions import documents_partitions
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.engine import STAGES, Analyser, StageDeferred, StageDone, StageFailed
@@ -41,7 +46,9 @@ ANALYSIS_KEYS = (
     COMPLETION_NOTICE,
 )
 GROUP = "document_analysis"
-DOCUMENTS_PER_BACKFILL_RUN = 25
+# A backfill's documents per run, unless AI_PIPELINE_BACKFILL_RUN_SIZE says otherwise when the
+# code location loads (``with_backfill_run_size``).
+DOCUMENTS_PER_BACKFILL_RUN = 100
 
 _DESCRIPTIONS = {
     "document_text": "The document's normalised text, read from the file it arrived as.",
@@ -102,7 +109,7 @@ def analyse_documents(
         results_store.get(),
         llm.client(),
         results_io_manager,
-        log=context.log,
+        log=run_log(context.log, context.run.tags),
         run_id=context.run.run_id,
         min_confidence=config.min_confidence,
         notifier=notifier,
@@ -135,6 +142,7 @@ def analyse_documents(
             + ", ".join(f"[TASK:{d.task_id}] in {d.holder}" for _, d in sorted(elsewhere.items()))
         )
     if failed:
+        _mark_failed(context, failed)
         raise dg.Failure(
             description=f"{len(failed)} of {len(document_ids)} documents failed:\n"
             + "\n".join(
@@ -147,6 +155,32 @@ def analyse_documents(
             },
             allow_retries=False,
         )
+
+
+def with_backfill_run_size(assets: dg.AssetsDefinition, size: int) -> dg.AssetsDefinition:
+    """The analysis assets with backfills cut into runs of ``size`` documents: a daemon-launched
+    run pays a process start and a code import, so larger runs pay it less often."""
+    return assets.with_attributes(backfill_policy=dg.BackfillPolicy.multi_run(size))
+
+
+def _mark_failed(context: dg.AssetExecutionContext, failed: dict[str, StageFailed]) -> None:
+    """Make Dagster show FAILED for exactly the failed documents, from the stage each failed at.
+
+    Dagster derives a partition's FAILED status from a planned event with no materialization in
+    a failed run. When run creation wrote one planned event per asset and run (the fast way), the
+    step writes the per-partition ones itself, for the failed documents only; when it wrote one
+    per partition (the default), there is nothing to add.
+    """
+    if planned_events_per_partition(context.instance):
+        return
+    step_key = context.get_step_execution_context().step.key
+    selected = context.selected_asset_keys
+    for document_id, failure in sorted(failed.items()):
+        for stage in STAGES[STAGES.index(failure.stage) :]:
+            if dg.AssetKey(stage) in selected:
+                report_planned_materialization(
+                    context.instance, context.run, step_key, dg.AssetKey(stage), document_id
+                )
 
 
 def _report(

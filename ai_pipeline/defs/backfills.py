@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import string
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -26,6 +26,8 @@ import dagster as dg
 from ai_pipeline.defs.assets import ANALYSIS_KEYS, ANALYSIS_RESULTS
 from ai_pipeline.defs.dagster_private import (
     BULK_ACTION_TERMINAL_STATUSES,
+    BulkActionsFilter,
+    BulkActionStatus,
     PartitionBackfill,
     make_new_backfill_id,
 )
@@ -88,9 +90,14 @@ def plan_failed_backfill(
         k for k, v in dagster_status.items() if v == dg.AssetPartitionStatus.FAILED
     }
     plan = BackfillPlan()
-    for doc in store.documents.rows():
-        if doc.document_id not in failed_in_dagster and doc.state != State.FAILED:
-            continue
+    # The documents FAILED here (an indexed query) and those Dagster shows FAILED: never all rows.
+    failed_here = store.documents.rows_in_state(State.FAILED)
+    elsewhere = failed_in_dagster - {d.document_id for d in failed_here}
+    candidates = sorted(
+        [*failed_here, *store.documents.rows(elsewhere)],
+        key=lambda d: (d.created_at, d.document_id),
+    )
+    for doc in candidates:
         candidate = Candidate(
             document_id=doc.document_id,
             source=doc.source,
@@ -167,16 +174,33 @@ def launch_backfill(
     return backfill_id
 
 
+def active_backfill(instance: dg.DagsterInstance, tag: str, value: str) -> str | None:
+    """The id of a backfill tagged ``tag=value`` that is not over (queued or running), if any."""
+    active = [s for s in BulkActionStatus if s not in BULK_ACTION_TERMINAL_STATUSES]
+    for backfill in instance.get_backfills(filters=BulkActionsFilter(statuses=active)):
+        if backfill.tags.get(tag) == value:
+            return str(backfill.backfill_id)
+    return None
+
+
 def backfill_ended(backfill: Any) -> bool:
     return backfill.status in BULK_ACTION_TERMINAL_STATUSES
 
 
 def wait_for_backfill(
-    instance: dg.DagsterInstance, backfill_id: str, *, timeout: float, poll: float = 2.0
+    instance: dg.DagsterInstance,
+    backfill_id: str,
+    *,
+    timeout: float,
+    poll: float = 2.0,
+    on_poll: Callable[[], None] | None = None,
 ) -> str:
-    """Wait until the backfill is done (the daemon must be running); returns its final status."""
+    """Wait until the backfill is done (the daemon must be running); returns its final status.
+    ``on_poll`` is called at every poll (to show progress)."""
     deadline = time.monotonic() + timeout
     while True:
+        if on_poll is not None:
+            on_poll()
         backfill = instance.get_backfill(backfill_id)
         if backfill is None:
             raise KeyError(f"no backfill {backfill_id}")

@@ -7,18 +7,83 @@ Each has no public equivalent in that release; when Dagster changes, this is the
   ``AssetCheckResult`` cannot target one partition of a range.
 - ``PartitionBackfill``, ``make_new_backfill_id``: creating an asset backfill outside the UI or a
   sensor (the CLI, the nightly schedule) — the same constructor the UI's GraphQL mutation uses.
-- ``BULK_ACTION_TERMINAL_STATUSES``: the statuses in which a backfill is over.
+- ``DagsterEvent.build_asset_materialization_planned_event``, ``AssetMaterializationPlannedData``:
+  with ``DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS`` set, a range run's planned events name
+  the range, not each partition, and OSS storage then cannot tell which partitions of a failed run
+  failed (Dagster PRs #28113, #29288). The analysis step writes the per-partition planned event
+  itself, for the failed documents' stages only, so per-document FAILED status stays exact at the
+  cost of the failures, not of every document. ``planned_events_per_partition`` says whether
+  Dagster already wrote them (the switch unset).
+- ``SqliteEventLogStorage``, ``SQLITE_BUSY_TIMEOUT_SECONDS``, ``ConfigurableClassData``: the
+  embedded default's event log, subclassed to keep its engines (``ai_pipeline.defs.sqlite_storage``;
+  it overrides ``_connect``, so check that method's body when Dagster changes).
+- ``BULK_ACTION_TERMINAL_STATUSES``, ``BulkActionStatus``, ``BulkActionsFilter``: the statuses in
+  which a backfill is over, and the filter to list those that are not (a batch re-submitted while
+  its backfill is still queued or running must not launch a second one).
 """
 
+import logging
+import os
+
+from dagster import AssetKey, DagsterInstance, DagsterRun
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
-from dagster._core.execution.backfill import BULK_ACTION_TERMINAL_STATUSES, PartitionBackfill
+from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent
+from dagster._core.execution.backfill import (
+    BULK_ACTION_TERMINAL_STATUSES,
+    BulkActionsFilter,
+    BulkActionStatus,
+    PartitionBackfill,
+)
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.utils import make_new_backfill_id
+from dagster._serdes import ConfigurableClassData
+
+PLANNED_EVENTS_SWITCH = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
+
+
+def plan_events_per_run() -> None:
+    """Have the runs this process creates write one planned event per asset, not one per
+    document (unless the environment says otherwise): the per-document FAILED status is then kept
+    exact by the analysis step (``report_planned_materialization``)."""
+    os.environ.setdefault(PLANNED_EVENTS_SWITCH, "1")
+
+
+def planned_events_per_partition(instance: DagsterInstance) -> bool:
+    """Whether run creation writes one planned event per partition (the OSS default), so that a
+    failed run's partitions are FAILED without help."""
+    storage = instance.event_log_storage
+    return not storage.supports_partition_subset_in_asset_materialization_planned_events
+
+
+def report_planned_materialization(
+    instance: DagsterInstance, run: DagsterRun, step_key: str, asset_key: AssetKey, partition: str
+) -> None:
+    """Write, in ``run``, the planned event of one partition of an asset."""
+    event = DagsterEvent.build_asset_materialization_planned_event(
+        run.job_name,
+        step_key,
+        AssetMaterializationPlannedData(asset_key, partition=partition, partitions_subset=None),
+    )
+    instance.report_dagster_event(event, run.run_id, logging.DEBUG)
+
 
 __all__ = [
+    "SQLITE_BUSY_TIMEOUT_SECONDS",
+    "ConfigurableClassData",
+    "SqliteEventLogStorage",
+    "AssetMaterializationPlannedData",
+    "DagsterEvent",
+    "PLANNED_EVENTS_SWITCH",
+    "plan_events_per_run",
+    "planned_events_per_partition",
+    "report_planned_materialization",
     "BULK_ACTION_TERMINAL_STATUSES",
     "AssetCheckEvaluationTargetMaterializationData",
+    "BulkActionStatus",
+    "BulkActionsFilter",
     "PartitionBackfill",
     "make_new_backfill_id",
 ]

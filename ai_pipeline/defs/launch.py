@@ -16,7 +16,10 @@ The code location's ``Definitions`` is handed in by the caller (the CLI imports
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,18 +30,21 @@ import dagster as dg
 from ai_pipeline.defs.assets import ANALYSIS_RESULTS
 from ai_pipeline.defs.backfills import (
     BATCH_TAG,
+    active_backfill,
     launch_backfill,
     plan_failed_backfill,
     wait_for_backfill,
 )
 from ai_pipeline.defs.jobs import ANALYSIS_JOB_NAME, range_tags
-from ai_pipeline.defs.partitions import PARTITIONS_NAME, documents_partitions
+from ai_pipeline.defs.logs import TASK_LINES_TAG
+from ai_pipeline.defs.partitions import PARTITIONS_NAME, add_partitions, documents_partitions
 from ai_pipeline.defs.sensors import run_statuses
 from ai_pipeline.documents import display_path
 from ai_pipeline.errors import InputError
 from ai_pipeline.failures import Category
 from ai_pipeline.inbox import list_files
 from ai_pipeline.intake import batch_key, contiguous_ranges, register_files, unique_in_order
+from ai_pipeline.progress import Progress
 from ai_pipeline.reconcile import reconcile
 from ai_pipeline.reporting import status_report
 from ai_pipeline.review import approve as record_approval
@@ -76,10 +82,65 @@ class Launcher:
     definitions: dg.Definitions
     settings: Settings = field(default_factory=Settings.load)
     progress: Callable[[str], None] = _silent
+    # A line that replaces the previous one (documents done / failed / pending, rate, ETA).
+    live: Callable[[str], None] = _silent
 
     @property
     def store(self) -> Store:
         return open_store(self.settings)
+
+    def _registering(self, total: int) -> Callable[[int], None]:
+        return lambda n: self.live(f"registering files: {n}/{total}")
+
+    def _watching(self, document_ids: Sequence[str]) -> Callable[[bool], None]:
+        """A callable that shows how far these documents have come: on the live line, or (when
+        called with True, at the end) as a message that stays."""
+        if self.live is _silent:
+            return lambda final: None
+        progress = Progress(len(document_ids))
+        store = self.store
+
+        def show(final: bool) -> None:
+            line = progress.line(store.documents.count_by_state(document_ids))
+            (self.progress if final else self.live)(line)
+
+        return show
+
+    @contextmanager
+    def _watched(self, document_ids: Sequence[str], every: float = 2.0) -> Iterator[None]:
+        """Show the progress of these documents every ``every`` seconds while the block runs."""
+        if self.live is _silent:
+            yield
+            return
+        show = self._watching(document_ids)
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(every):
+                with contextlib.suppress(Exception):  # progress must never break the work
+                    show(False)
+
+        thread = threading.Thread(target=loop, name="progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            with contextlib.suppress(Exception):
+                show(True)
+
+    def _wait(self, backfill_id: str, document_ids: Sequence[str], timeout: float) -> str:
+        """Wait for a backfill, showing its documents' progress; returns its final status."""
+        self.progress(f"waiting for backfill {backfill_id} (run by the daemon) …")
+        show = self._watching(document_ids)
+        status = wait_for_backfill(
+            self.instance, backfill_id, timeout=timeout, on_poll=lambda: show(False)
+        )
+        # A document whose run died is not pending: it failed, retryably.
+        reconcile(self.store, run_statuses(self.instance))
+        show(True)
+        return status
 
     # --- processing --------------------------------------------------------------------------
 
@@ -91,14 +152,13 @@ class Launcher:
             raise InputError(f"inbox {display_path(inbox)} is not a directory")
         listing = list_files([inbox], settle_seconds=self.settings.settle_seconds)
         registered = register_files(
-            self.store, listing.files, max_bytes=self.settings.max_document_bytes
+            self.store,
+            listing.files,
+            max_bytes=self.settings.max_document_bytes,
+            progress=self._registering(len(listing.files)),
         )
         document_ids = unique_in_order(r.document_id for r in registered)
-        missing = [
-            d for d in document_ids if not self.instance.has_dynamic_partition(PARTITIONS_NAME, d)
-        ]
-        if missing:
-            self.instance.add_dynamic_partitions(PARTITIONS_NAME, missing)
+        add_partitions(self.instance, document_ids)
         registration = Registration(
             files=len(listing.files),
             document_ids=document_ids,
@@ -151,20 +211,23 @@ class Launcher:
         ordered = self.instance.get_dynamic_partitions(PARTITIONS_NAME)
         ranges = contiguous_ranges(document_ids, ordered, self.settings.documents_per_run)
         runs = []
-        for i, batch in enumerate(ranges, 1):
-            self.progress(f"run {i}/{len(ranges)}: {len(batch)} documents …")
-            result = job.execute_in_process(
-                instance=self.instance,
-                tags=range_tags(batch),
-                raise_on_error=False,
-                # The run's events are in the instance (and the UI); the terminal gets the table.
-                run_config=None if verbose else QUIET_RUN_CONFIG,
-            )
-            runs.append(
-                {"run_id": result.run_id, "documents": len(batch), "success": result.success}
-            )
-            outcome = "succeeded" if result.success else "had failures"
-            self.progress(f"run {i}/{len(ranges)}: {outcome}")
+        with self._watched([d for batch in ranges for d in batch]):
+            for i, batch in enumerate(ranges, 1):
+                self.progress(f"run {i}/{len(ranges)}: {len(batch)} documents …")
+                result = job.execute_in_process(
+                    instance=self.instance,
+                    # In this process Dagster would mirror the compute log to the terminal.
+                    tags={**range_tags(batch), TASK_LINES_TAG: "events"},
+                    raise_on_error=False,
+                    # The run's events are in the instance (and the UI); the terminal gets the
+                    # table.
+                    run_config=None if verbose else QUIET_RUN_CONFIG,
+                )
+                runs.append(
+                    {"run_id": result.run_id, "documents": len(batch), "success": result.success}
+                )
+                outcome = "succeeded" if result.success else "had failures"
+                self.progress(f"run {i}/{len(ranges)}: {outcome}")
         return runs
 
     def process_inbox(self, inbox: Path, *, verbose: bool = False) -> dict[str, Any]:
@@ -195,10 +258,17 @@ class Launcher:
         ]
         return report
 
-    def status(self, document_ids: Sequence[str] | None = None) -> dict[str, Any]:
-        """Every document's state, after moving out of RUNNING those whose run is over."""
+    def status(
+        self,
+        document_ids: Sequence[str] | None = None,
+        *,
+        states: Iterable[State] | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """Documents' states (``reporting.status_report``), after moving out of RUNNING those
+        whose run is over."""
         interrupted = reconcile(self.store, run_statuses(self.instance))
-        report = status_report(self.store, document_ids)
+        report = status_report(self.store, document_ids, states=states, limit=limit)
         report["reconciled"] = [i.document_id for i in interrupted]
         return report
 
@@ -230,9 +300,7 @@ class Launcher:
             self.instance, self._asset_graph(), plan.document_ids, title=title
         )
         if wait:
-            self.progress(f"backfill {out['backfill_id']} launched; waiting for the daemon …")
-            out["status"] = wait_for_backfill(self.instance, out["backfill_id"], timeout=timeout)
-            reconcile(self.store, run_statuses(self.instance))
+            out["status"] = self._wait(out["backfill_id"], plan.document_ids, timeout)
             out.update(status_report(self.store, plan.document_ids))
         return out
 
@@ -246,8 +314,19 @@ class Launcher:
         batch_id = batch_key(document_ids)
         self.store.batches.save(batch_id, name, document_ids)
         pending = self.not_done(document_ids)
-        out: dict[str, Any] = {"pending_at_submit": len(pending), "backfill_id": None}
-        if pending:
+        out: dict[str, Any] = {
+            "pending_at_submit": len(pending),
+            "backfill_id": None,
+            "already_running": False,
+        }
+        running = active_backfill(self.instance, BATCH_TAG, batch_id) if pending else None
+        if running:
+            # The batch's backfill is still queued or running: it covers these documents.
+            out.update(backfill_id=running, already_running=True)
+            self.progress(
+                f"batch {name}: backfill {running} is still queued or running; nothing new launched"
+            )
+        elif pending:
             out["backfill_id"] = launch_backfill(
                 self.instance,
                 self._asset_graph(),
@@ -255,13 +334,8 @@ class Launcher:
                 title=f"batch {name}",
                 tags={BATCH_TAG: batch_id},
             )
-            if wait:
-                self.progress(f"backfill {out['backfill_id']} launched; waiting for the daemon …")
-                out["status"] = wait_for_backfill(
-                    self.instance, out["backfill_id"], timeout=timeout
-                )
-                # A document whose run died is not pending: it failed, retryably.
-                reconcile(self.store, run_statuses(self.instance))
+        if wait and out["backfill_id"]:
+            out["status"] = self._wait(out["backfill_id"], document_ids, timeout)
         out.update(self.batch_summary(batch_id))
         return out
 

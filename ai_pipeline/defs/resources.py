@@ -26,6 +26,7 @@ class PipelineSettings(dg.ConfigurableResource):
     settle_seconds: float | None = None
     webhook_url: str | None = None
     retry_budget: int | None = None
+    sensor_max_files: int | None = None
 
     def resolve(self) -> Settings:
         return Settings.load(
@@ -36,6 +37,7 @@ class PipelineSettings(dg.ConfigurableResource):
             settle_seconds=self.settle_seconds,
             webhook_url=self.webhook_url,
             retry_budget=self.retry_budget,
+            sensor_max_files=self.sensor_max_files,
         )
 
 

@@ -15,15 +15,14 @@ import dagster as dg
 
 from ai_pipeline.defs.backfills import backfill_ended
 from ai_pipeline.defs.jobs import analysis_job, range_run_request, report_job
-from ai_pipeline.defs.partitions import PARTITIONS_NAME, documents_partitions
+from ai_pipeline.defs.partitions import documents_partitions, missing_partitions
 from ai_pipeline.defs.resources import PipelineSettings, ResultsStore
 from ai_pipeline.defs.schedules import NIGHTLY_TAG
 from ai_pipeline.documents import display_path
 from ai_pipeline.inbox import InboxCursor, scan_inbox
-from ai_pipeline.intake import batches, register_files, unique_in_order
+from ai_pipeline.intake import batches, register_files
 from ai_pipeline.prompts import ANALYSIS
 from ai_pipeline.reconcile import reconcile
-from ai_pipeline.states import State
 from ai_pipeline.tasks import ANALYSE_STEP, task_id
 
 
@@ -52,8 +51,16 @@ def _inbox_tick(
     if not os.path.isdir(config.inbox):
         return dg.SkipReason(f"inbox {config.inbox} does not exist")
     scan = scan_inbox(
-        config.inbox, InboxCursor.parse(context.cursor), settle_seconds=config.settle_seconds
+        config.inbox,
+        InboxCursor.parse(context.cursor),
+        settle_seconds=config.settle_seconds,
+        limit=config.sensor_max_files,
     )
+    if scan.more:
+        context.log.info(
+            f"{scan.more} more new entries than AI_PIPELINE_SENSOR_MAX_FILES="
+            f"{config.sensor_max_files}: left for the next ticks"
+        )
     for entry in scan.skipped:
         context.log.warning(f"skipped {entry.path}: {entry.reason}")
     if not scan.paths:
@@ -76,11 +83,7 @@ def _inbox_tick(
             skip_reason=dg.SkipReason(f"no new files in {config.inbox} (a folder changed)"),
         )
     registered = register_files(store, paths, max_bytes=config.max_document_bytes)
-    new_ids = unique_in_order(
-        r.document_id
-        for r in registered
-        if not context.instance.has_dynamic_partition(PARTITIONS_NAME, r.document_id)
-    )
+    new_ids = missing_partitions(context.instance, [r.document_id for r in registered])
     aliases = len(registered) - len(new_ids)
     context.log.info(
         f"{len(paths)} new files: {len(new_ids)} new documents, {aliases} already known"
@@ -97,9 +100,7 @@ def _inbox_tick(
             cursor=scan.cursor.serialize(),
             skip_reason=dg.SkipReason(f"{aliases} files with content already known"),
         )
-    for doc in store.documents.rows(new_ids):
-        if doc.state == State.PENDING:
-            store.documents.transition(doc.document_id, State.QUEUED)
+    store.documents.queue(new_ids)
     return dg.SensorResult(
         run_requests=[
             range_run_request(batch, prefix="inbox")

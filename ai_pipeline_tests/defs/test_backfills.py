@@ -28,6 +28,7 @@ from ai_pipeline.cli import main
 from ai_pipeline.defs import launch
 from ai_pipeline.defs.assets import ANALYSIS_KEYS, ANALYSIS_RESULTS, LLM_ANALYSIS
 from ai_pipeline.defs.backfills import backfill_id_for
+from ai_pipeline.defs.dagster_private import BulkActionStatus
 from ai_pipeline.defs.partitions import documents_partitions
 from ai_pipeline.defs.resources import ResultsStore
 from ai_pipeline.defs.schedules import NIGHTLY_TAG
@@ -581,3 +582,38 @@ def test_submit_wait_exits_1_when_a_document_of_the_batch_failed(
         2,
     )
     assert code == 1
+
+
+def test_resubmitting_a_batch_whose_backfill_is_queued_launches_nothing(
+    instance: dg.DagsterInstance,
+    simulator: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No daemon runs here, so the first submit's backfill stays queued: submitting the batch again
+    names that backfill, launches nothing new, and says so; once the backfill is over, a
+    resubmission launches again."""
+    inbox = make_inbox(tmp_path / "inbox", {f"d{i}.txt": sample_text(i) for i in range(3)})
+    submit = ("submit", str(inbox), "--batch", "weekly", "--json")
+
+    code, first = run_cli(capsys, *submit)
+    assert code == 0 and first["backfill_id"] and first["already_running"] is False
+    code, second = run_cli(capsys, *submit)
+    assert code == 0
+    assert (second["backfill_id"], second["already_running"]) == (first["backfill_id"], True)
+    assert [b.backfill_id for b in instance.get_backfills()] == [first["backfill_id"]]
+    assert simulator.stats()["total"] == 0
+
+    capsys.readouterr()
+    assert main(["submit", str(inbox), "--batch", "weekly"]) == 0
+    text = capsys.readouterr().out
+    assert f"its backfill {first['backfill_id']} is still queued or running" in text
+    assert "nothing new launched" in text
+
+    backfill = instance.get_backfill(first["backfill_id"])
+    assert backfill is not None
+    instance.update_backfill(backfill.with_status(BulkActionStatus.CANCELED))
+    code, third = run_cli(capsys, *submit)
+    assert third["already_running"] is False
+    assert third["backfill_id"] not in (None, first["backfill_id"])
+    assert len(instance.get_backfills()) == 2

@@ -17,7 +17,12 @@ import dagster as dg
 import pytest
 from dagster._serdes import serialize_value
 
-from ai_pipeline.defs.assets import ANALYSIS_RESULTS, LLM_ANALYSIS
+from ai_pipeline.defs.assets import (
+    ANALYSIS_RESULTS,
+    DOCUMENT_TEXT,
+    LLM_ANALYSIS,
+    VALIDATED_ANALYSIS,
+)
 from ai_pipeline.failures import Category
 from ai_pipeline_tests.support import (
     TEST_API_KEY,
@@ -337,3 +342,63 @@ def test_failing_document_is_traceable_by_task_id_and_no_secret_leaks(
         assert TEST_API_KEY not in repr(row)
     assert all(TEST_API_KEY not in (d.last_error or "") for d in store.documents.rows())
     assert store.documents.get(target).last_error  # type: ignore[union-attr]
+
+
+SUBSET_SWITCH = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
+
+
+@pytest.mark.parametrize("planned", ["per-run", "per-partition"])
+def test_failed_status_is_exact_per_document_and_stage_whichever_planned_events(
+    instance: dg.DagsterInstance,
+    simulator,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    planned: str,
+) -> None:
+    """One planned event per asset and run (the switch set) or one per document (Dagster's
+    default): either way each stage of each document shows what happened to it — MATERIALIZED up
+    to where it failed, FAILED from there on, MATERIALIZED throughout for the documents that
+    completed — and the run's event log holds planned events per document only for the failed
+    ones when the switch is set."""
+    if planned == "per-run":
+        monkeypatch.setenv(SUBSET_SWITCH, "1")
+    else:
+        monkeypatch.delenv(SUBSET_SWITCH, raising=False)
+    texts = {f"good-{i}.txt": sample_text(500 + i) for i in range(3)}
+    texts |= {"rejected.txt": _target_text("http400"), "unsure.txt": _target_text("unsure")}
+    make_inbox(tmp_path / "inbox", texts)
+    rejected, unsure = doc_id(_target_text("http400")), doc_id(_target_text("unsure"))
+    good = [doc_id(sample_text(500 + i)) for i in range(3)]
+    simulator.set_faults(
+        [
+            {"kind": "status", "status": 400, "match": task_of(rejected)},
+            {"kind": "low_confidence", "match": task_of(unsure)},
+        ]
+    )
+
+    report = process_inbox(tmp_path / "inbox")
+
+    (run,) = report["runs"]
+    keys = [*good, rejected, unsure]
+    seen = {
+        stage.to_user_string(): statuses(instance, stage, keys)
+        for stage in (DOCUMENT_TEXT, LLM_ANALYSIS, VALIDATED_ANALYSIS, ANALYSIS_RESULTS)
+    }
+    ok, failed = STATUS.MATERIALIZED, STATUS.FAILED
+    assert seen == {
+        "document_text": dict.fromkeys(keys, ok),
+        "llm_analysis": {**dict.fromkeys([*good, unsure], ok), rejected: failed},
+        "validated_analysis": {**dict.fromkeys(good, ok), rejected: failed, unsure: failed},
+        "analysis_results": {**dict.fromkeys(good, ok), rejected: failed, unsure: failed},
+    }
+    planned_partitions = {
+        (r.dagster_event.asset_key.to_user_string(), r.dagster_event.partition)
+        for r in instance.all_logs(
+            run["run_id"], of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED
+        )
+        if r.dagster_event and r.dagster_event.partition
+    }
+    if planned == "per-run":
+        assert {p for _, p in planned_partitions} == {rejected, unsure}
+    else:
+        assert {p for _, p in planned_partitions} == set(keys)

@@ -22,6 +22,7 @@ from ai_pipeline_tests.support import (
     RANGE_START,
     STATUS,
     TERMINAL,
+    compute_log,
     doc_id,
     make_inbox,
     rejected_id,
@@ -29,6 +30,7 @@ from ai_pipeline_tests.support import (
     sample_text,
     statuses,
     task_of,
+    user_messages,
 )
 
 # --- the sensor function, called directly --------------------------------------------------------
@@ -39,6 +41,7 @@ def call_sensor(
     inbox: Path | None,
     cursor: str | None = None,
     documents_per_run: int = 10,
+    max_files: int | None = None,
 ) -> dg.SensorResult | dg.SkipReason:
     context = dg.build_sensor_context(
         instance=instance,
@@ -48,6 +51,7 @@ def call_sensor(
                 inbox=str(inbox) if inbox else None,
                 documents_per_run=documents_per_run,
                 settle_seconds=0,
+                sensor_max_files=max_files,
             ),
             "results_store": ResultsStore(),
         },
@@ -83,6 +87,13 @@ def run_ranges(result: dg.SensorResult) -> list[tuple[str, str, int]]:
     return out
 
 
+def expected_ids(run: dg.DagsterRun) -> set[str]:
+    """The documents of a range run, from its tags and the partitions' order."""
+    keys = dg.DagsterInstance.get().get_dynamic_partitions(documents_partitions.name)
+    start, end = keys.index(run.tags[RANGE_START]), keys.index(run.tags[RANGE_END])
+    return set(keys[start : end + 1])
+
+
 def expected_ranges(ids: list[str], size: int) -> list[tuple[str, str, int]]:
     chunks = [ids[i : i + size] for i in range(0, len(ids), size)]
     return [(c[0], c[-1], len(c)) for c in chunks]
@@ -113,6 +124,36 @@ def test_new_files_become_partitions_and_range_runs(
     again = call_sensor(instance, inbox, cursor=result.cursor)
     assert isinstance(again, dg.SkipReason)
     assert "no new files" in (again.skip_message or "")
+
+
+def test_a_backlog_is_drained_over_bounded_ticks(
+    instance: dg.DagsterInstance, tmp_path: Path, no_inbox_env: None
+) -> None:
+    """At most AI_PIPELINE_SENSOR_MAX_FILES files per tick, the cursor advancing with what it took:
+    23 files at 10 a tick are 3 ticks of 10, 10 and 3 documents, each launched once, in arrival
+    order; the fourth tick has nothing new."""
+    texts = {f"f{i:02d}.txt": sample_text(i) for i in range(23)}
+    inbox = make_inbox(tmp_path / "inbox", texts)
+    ids = [doc_id(t) for t in texts.values()]
+
+    cursor, taken, launched = None, [], []
+    for expected in (10, 10, 3):
+        result = call_sensor(instance, inbox, cursor, documents_per_run=4, max_files=10)
+        assert isinstance(result, dg.SensorResult)
+        keys = added_keys(result)
+        assert len(keys) == expected
+        taken += keys
+        launched += [n for _, _, n in run_ranges(result)]
+        instance.add_dynamic_partitions(documents_partitions.name, keys)  # as the daemon does
+        assert result.cursor and result.cursor != cursor
+        cursor = result.cursor
+    assert taken == ids
+    assert launched == [4, 4, 2] * 2 + [3]
+    assert {d.document_id for d in results_store().documents.rows()} == set(ids)
+
+    final = call_sensor(instance, inbox, cursor, max_files=10)
+    assert isinstance(final, dg.SkipReason)
+    assert "no new files" in (final.skip_message or "")
 
 
 def test_copy_of_known_content_records_an_alias_and_launches_nothing(
@@ -339,6 +380,13 @@ def test_daemon_sensor_launches_each_document_once(
     assert simulator.stats()["total"] == 25
     assert sorted(r.document_id for r in store.results.get()) == sorted(first_ids)
     assert {d.state for d in store.documents.rows()} == {"COMPLETED"}
+    # A daemon-launched run's per-document lines are in its compute log, by task id, not in its
+    # event log (each event-log line is a database write).
+    for run in runs:
+        held = [i for i in first_ids if i in expected_ids(run)]
+        text = compute_log(instance, run.run_id)
+        assert all(f"[TASK:{task_of(i)}] completed" in text for i in held), text[-2000:]
+        assert not [m for m in user_messages(instance, run.run_id) if "] completed" in m]
 
     # A second drop: only the new files are analysed, in one more run.
     second = {f"second-{i}.txt": sample_text(2000 + i) for i in range(5)}

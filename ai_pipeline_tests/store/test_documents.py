@@ -195,3 +195,61 @@ def test_a_reviewer_rejection_is_its_own_flag(store: Store) -> None:
     assert row.state == State.PENDING
     with pytest.raises(KeyError):
         store.documents.mark_rejected("nope", "x")
+
+
+def test_register_many_records_a_thousand_files_in_one_call(store: Store) -> None:
+    """register_many: new ids returned once, aliases recorded, a content known before (or twice
+    in the same call) not a new document; more rows than one IN chunk."""
+    known = _doc("Known before the batch.", "old.txt")
+    store.documents.register(known)
+    docs = [_doc(f"Document number {i}.", f"inbox/d{i:04d}.txt") for i in range(1200)]
+    copies = [_doc("Document number 7.", "inbox/copy-of-7.txt"), _doc(known.text, "again.txt")]
+    rejected = RejectedFile("r" * 64, "inbox/bad.pdf", "pdf", 0, "the file is empty")
+
+    new = store.documents.register_many([*docs, *copies, rejected])
+
+    assert new == {d.document_id for d in docs} | {rejected.document_id}
+    assert len(store.documents.rows()) == 1202
+    sources = store.documents.sources([docs[7].document_id, known.document_id])
+    assert sources[docs[7].document_id] == ["inbox/d0007.txt", "inbox/copy-of-7.txt"]
+    assert sources[known.document_id] == ["old.txt", "again.txt"]
+    assert store.documents.register_many(docs[:10]) == set()
+    assert store.documents.register_many([]) == set()
+
+
+def test_summary_listing_and_counts_never_list_every_document(store: Store) -> None:
+    """summary() counts by state and category in SQL; listing() filters by state, newest change
+    first, limited; count_by_state() counts a set of ids across IN chunks."""
+    docs = [_doc(f"Text {i}.", f"t{i}.txt") for i in range(700)]
+    store.documents.register_many(docs)
+    for d in docs[:3]:
+        store.documents.transition(d.document_id, State.QUEUED)
+        store.documents.transition(d.document_id, State.RUNNING)
+        store.documents.transition(
+            d.document_id, State.FAILED, category=Category.NETWORK_TIMEOUT, error="timed out"
+        )
+
+    by_state, by_category = store.documents.summary()
+    assert by_state == {"FAILED": 3, "PENDING": 697}
+    assert by_category == {"NETWORK_TIMEOUT": 3}
+    failed = store.documents.listing([State.FAILED])
+    assert {d.document_id for d in failed} == {d.document_id for d in docs[:3]}
+    assert [d.updated_at for d in failed] == sorted((d.updated_at for d in failed), reverse=True)
+    assert len(store.documents.listing(limit=10)) == 10
+    assert store.documents.listing([State.COMPLETED]) == []
+    counts = store.documents.count_by_state([d.document_id for d in docs[:600]])
+    assert counts == {State.FAILED: 3, State.PENDING: 597}
+
+
+def test_queue_moves_only_pending_documents(store: Store) -> None:
+    """queue(): PENDING → QUEUED in bulk; a document in any other state is left where it is."""
+    docs = [_doc(f"Queued text {i}.", f"q{i}.txt") for i in range(600)]
+    store.documents.register_many(docs)
+    running = docs[0].document_id
+    store.documents.transition(running, State.QUEUED)
+    store.documents.transition(running, State.RUNNING)
+
+    assert store.documents.queue([d.document_id for d in docs]) == 599
+    counts = store.documents.count_by_state([d.document_id for d in docs])
+    assert counts == {State.QUEUED: 599, State.RUNNING: 1}
+    assert store.documents.queue([d.document_id for d in docs]) == 0
