@@ -27,7 +27,7 @@ from ai_pipeline_tests.postgres import (
     skip_or_fail,
     unavailable_reason,
 )
-from ai_pipeline_tests.support import REPO, TEST_API_KEY, TEST_MODEL
+from ai_pipeline_tests.support import REPO, TEST_API_KEY, TEST_MODEL, instance_yaml_on_postgres
 
 # As the README asks of every Dagster process (CLI, daemon, webserver): one planned event per
 # asset and run. Daemons and commands the tests start inherit it; the test of per-document FAILED
@@ -72,19 +72,7 @@ def write_instance_yaml(home: Path, backend: str, dbs: PostgresDatabases | None)
         return
     assert dbs is not None
     name = dbs.create("dagster")
-    (home / "dagster.yaml").write_text(
-        (REPO / "dagster.yaml").read_text()
-        + f"""
-storage:
-  postgres:
-    postgres_db:
-      hostname: {PG_HOST}
-      port: {PG_PORT}
-      db_name: {name}
-      username: {PG_USER}
-      scheme: postgresql+psycopg2
-"""
-    )
+    (home / "dagster.yaml").write_text(instance_yaml_on_postgres(PG_HOST, PG_PORT, name, PG_USER))
 
 
 @pytest.fixture

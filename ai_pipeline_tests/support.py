@@ -107,6 +107,19 @@ def statuses(instance: dg.DagsterInstance, asset_key: dg.AssetKey, keys: list[st
     return dict(instance.get_status_by_partition(asset_key, keys, documents_partitions) or {})
 
 
+def instance_yaml_on_postgres(
+    host: str, port: int | str, db_name: str, user: str = "postgres"
+) -> str:
+    """The checkout's dagster.yaml with the instance's storage on this PostgreSQL database."""
+    from ai_pipeline.defs.sqlite_storage import without_sqlite_event_log
+
+    return without_sqlite_event_log((REPO / "dagster.yaml").read_text()) + (
+        "\nstorage:\n  postgres:\n    postgres_db:\n"
+        f"      hostname: {host}\n      port: {port}\n      db_name: {db_name}\n"
+        f"      username: {user}\n      scheme: postgresql+psycopg2\n"
+    )
+
+
 def compute_log(instance: dg.DagsterInstance, run_id: str) -> str:
     """What the run's steps wrote to stderr, as Dagster captured it (the UI's compute log)."""
     out = []

@@ -29,6 +29,7 @@ from ai_pipeline_tests.support import (
     TEST_API_KEY,
     TEST_MODEL,
     doc_id,
+    instance_yaml_on_postgres,
     make_inbox,
     process_inbox,
     results_store,
@@ -175,19 +176,7 @@ def test_a_claim_whose_owner_was_killed_is_taken_over_after_it_expires(
 def _instance_on(server: OwnedPostgres, home: Path) -> None:
     name = "dagster_outage"
     server.create_database(name)
-    (home / "dagster.yaml").write_text(
-        (REPO / "dagster.yaml").read_text()
-        + f"""
-storage:
-  postgres:
-    postgres_db:
-      hostname: 127.0.0.1
-      port: {server.port}
-      db_name: {name}
-      username: postgres
-      scheme: postgresql+psycopg2
-"""
-    )
+    (home / "dagster.yaml").write_text(instance_yaml_on_postgres("127.0.0.1", server.port, name))
 
 
 @pytest.mark.slow

@@ -1,0 +1,106 @@
+"""The embedded default's event log: Dagster's SQLite storage, keeping its engines.
+
+Dagster 1.13's ``SqliteEventLogStorage`` builds a SQLAlchemy engine for every connection and
+disposes of it afterwards. An engine holds SQLAlchemy's compiled-statement cache, so every event
+write compiled its statements again; a run of the analysis job writes a few events per document,
+and profiling showed the compiling and the engine building as the largest share of the time the
+run spent writing them (``benchmarks/README.md``). This subclass keeps one engine per shard (the
+index and the most recent runs, ``ENGINES`` at most) and changes nothing else: each engine still
+uses ``NullPool``, so every connection is opened and closed exactly as before — nothing is held
+open between writes, other processes see the same files, locks and busy timeout, and a dropped
+engine is only a cache miss.
+
+``dagster.yaml`` names it as ``event_log_storage``; ``base_dir`` defaults to
+``$DAGSTER_HOME/storage``, where Dagster's own default keeps these files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import create_engine
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import NullPool
+
+from ai_pipeline.defs.dagster_private import (
+    SQLITE_BUSY_TIMEOUT_SECONDS,
+    ConfigurableClassData,
+    SqliteEventLogStorage,
+)
+
+ENGINES = 32
+
+
+class EngineReusingSqliteEventLogStorage(SqliteEventLogStorage):
+    """``SqliteEventLogStorage`` with one engine per shard instead of one per connection."""
+
+    def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None):
+        self._engines: OrderedDict[str, Engine] = OrderedDict()
+        super().__init__(base_dir, inst_data=inst_data)
+
+    @classmethod
+    def config_type(cls) -> Any:
+        from dagster import Field, StringSource
+
+        return {"base_dir": Field(StringSource, is_required=False)}
+
+    @classmethod
+    def from_config_value(  # type: ignore[override]
+        cls, inst_data: ConfigurableClassData | None, config_value: dict[str, Any]
+    ) -> EngineReusingSqliteEventLogStorage:
+        base_dir = config_value.get("base_dir")
+        if not base_dir:
+            home = os.environ.get("DAGSTER_HOME")
+            if not home:
+                raise ValueError("set DAGSTER_HOME, or base_dir in the event_log_storage config")
+            base_dir = os.path.join(home, "storage")
+        return cls(base_dir, inst_data=inst_data)
+
+    def _engine(self, shard: str) -> Engine:
+        engine = self._engines.get(shard)
+        if engine is not None:
+            self._engines.move_to_end(shard)
+            return engine
+        engine = create_engine(
+            self.conn_string_for_shard(shard),
+            poolclass=NullPool,
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS},
+        )
+        self._engines[shard] = engine
+        while len(self._engines) > ENGINES:
+            _, oldest = self._engines.popitem(last=False)
+            oldest.dispose()
+        return engine
+
+    @contextmanager
+    def _connect(self, shard: str) -> Iterator[Connection]:
+        with self._db_lock:
+            engine = self._engine(shard)
+            if shard not in self._initialized_dbs:
+                self._initdb(engine)
+                self._initialized_dbs.add(shard)
+            with engine.connect() as conn, conn.begin():
+                yield conn
+
+    def dispose(self) -> None:
+        with self._db_lock:
+            for engine in self._engines.values():
+                engine.dispose()
+            self._engines.clear()
+        super().dispose()
+
+
+def without_sqlite_event_log(instance_yaml: str) -> str:
+    """A ``dagster.yaml`` without its top-level ``event_log_storage`` section: for putting the
+    instance on PostgreSQL (``storage: postgres``), which Dagster refuses beside it."""
+    kept, skipping = [], False
+    for line in instance_yaml.splitlines(keepends=True):
+        if line and not line[0].isspace() and not line.startswith("#"):
+            skipping = line.startswith("event_log_storage:")
+        if not skipping:
+            kept.append(line)
+    return "".join(kept)
