@@ -110,7 +110,7 @@ SETTINGS: dict[str, Setting] = {
     ),
     "sensor_max_files": Setting(
         "AI_PIPELINE_SENSOR_MAX_FILES",
-        1000,
+        500,
         "new inbox files one sensor tick takes at most (a backlog drains over ticks)",
     ),
     "nightly_cron": Setting(

@@ -44,7 +44,7 @@ def test_defaults_without_environment(monkeypatch: pytest.MonkeyPatch, tmp_path:
         lease_seconds=60.0,
         claim_wait_seconds=600.0,
         sensor_interval_seconds=30,
-        sensor_max_files=1000,
+        sensor_max_files=500,
         backfill_run_size=100,
         nightly_cron="0 2 * * *",
         timezone="UTC",

@@ -24,13 +24,17 @@ import argparse
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -195,15 +199,62 @@ def configure(
     os.environ["OPENAI_BASE_URL"] = simulator_url
     os.environ["OPENAI_API_KEY"] = API_KEY
     os.environ["AI_PIPELINE_MODEL"] = MODEL
+    # As the ai-pipeline commands do: one planned event per asset and run (unless set otherwise).
+    from ai_pipeline.defs.dagster_private import plan_events_per_run
+
+    plan_events_per_run()
+    # The inbox is written just before the pass: no file may wait out the settle time.
+    os.environ["AI_PIPELINE_SETTLE_SECONDS"] = "0"
     os.environ["AI_PIPELINE_LLM_CONCURRENCY"] = str(concurrency)
     if documents_per_run is not None:
         os.environ["AI_PIPELINE_DOCUMENTS_PER_RUN"] = str(documents_per_run)
 
 
-def fresh_home(root: Path, name: str) -> Path:
+def instance_yaml(max_concurrent_runs: int | None = None, pg_url: str | None = None) -> str:
+    """The checkout's dagster.yaml, with another run queue size, or on PostgreSQL (its SQLite
+    event-log section then left out: Dagster refuses both)."""
+    text = (REPO / "dagster.yaml").read_text(encoding="utf-8")
+    if max_concurrent_runs is not None:
+        text = re.sub(
+            r"max_concurrent_runs: \d+", f"max_concurrent_runs: {max_concurrent_runs}", text
+        )
+    if pg_url:
+        from ai_pipeline.defs.sqlite_storage import without_sqlite_event_log
+
+        text = without_sqlite_event_log(text)
+        # psycopg2 by name: SQLAlchemy 2.1 maps postgresql:// to psycopg 3 (see deploy/dagster.yaml).
+        url = pg_url.replace("postgresql://", "postgresql+psycopg2://", 1)
+        text += f"\nstorage:\n  postgres:\n    postgres_url: {url}\n"
+    return text
+
+
+@contextmanager
+def dagster_daemon(env: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A real ``dagster-daemon`` on the project's workspace, stopped (its process group) after."""
+    with log_path.open("wb") as log:
+        daemon = subprocess.Popen(
+            ["dagster-daemon", "run", "-w", str(REPO / "workspace.yaml")],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            yield daemon
+        finally:
+            os.killpg(daemon.pid, signal.SIGTERM)
+            try:
+                daemon.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(daemon.pid, signal.SIGKILL)
+                daemon.wait()
+
+
+def fresh_home(root: Path, name: str, instance_yaml: Path = REPO / "dagster.yaml") -> Path:
     home = root / name
     home.mkdir(parents=True)
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(instance_yaml, home / "dagster.yaml")
     return home
 
 
@@ -279,7 +330,7 @@ def benchmark(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         SimulatorConfig(latency_ms=latency, max_concurrency=max(2 * concurrency, concurrency + 1))
     ) as simulator:
         # --- main pass -----------------------------------------------------------------------
-        home = fresh_home(root, "main_home")
+        home = fresh_home(root, "main_home", args.dagster_yaml)
         inbox = make_inbox(root / "main_inbox", range(n))
         configure(home, simulator.base_url, concurrency, args.documents_per_run)
         documents_per_run = Settings.load().documents_per_run
@@ -346,7 +397,7 @@ def benchmark(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         # --- baseline: one run per document -----------------------------------------------------
         b = args.baseline_documents
         if b > 0:
-            home_b = fresh_home(root, "baseline_home")
+            home_b = fresh_home(root, "baseline_home", args.dagster_yaml)
             inbox_b = make_inbox(
                 root / "baseline_inbox", range(BASELINE_OFFSET, BASELINE_OFFSET + b)
             )
@@ -484,6 +535,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=20,
         help="documents for the one-run-per-document baseline; 0 skips it (default: %(default)s)",
+    )
+    p.add_argument(
+        "--dagster-yaml",
+        type=Path,
+        default=REPO / "dagster.yaml",
+        help="the instance's dagster.yaml, to compare storages (default: the checkout's)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     return p

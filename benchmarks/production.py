@@ -1,0 +1,383 @@
+"""Throughput on the production path: ``submit`` → a backfill → queued runs under ``dagster-daemon``.
+
+Everything a user runs in production, in temporary folders (the checkout is not touched): a fresh
+DAGSTER_HOME whose ``dagster.yaml`` queues runs (``max_concurrent_runs`` = ``--runs``), on SQLite or
+on PostgreSQL (the instance's storage and the results database, a database of its own, dropped
+afterwards); a real ``dagster-daemon`` (its code server and run workers are processes of their
+own); the bundled simulator over HTTP in this process with latency L; ``ai-pipeline submit DIR
+--batch … --wait`` as a user types it. The total LLM concurrency C is ``--runs`` × the per-run
+concurrency, so the LLM-bound limit is C / L documents per second.
+
+It reports documents per second and its efficiency against that limit (until ``submit --wait``
+returned, and until the last run ended: the daemon notices a backfill's end up to 30 s later),
+where a run's time went (queued, worker start, step), CPU seconds per document summed over every
+process below this one (sampled from /proc twice a second: the daemon, its code server, the run
+workers, the ``submit`` command; this process — the simulator — is reported apart), Dagster
+event-log entries per document, and the peak resident memory of a run worker. Then it submits the
+same folder again: every document is done, so that pass must make no LLM request and start no
+run; its time is reported as a share of the first pass. ``--peer-documents`` runs the one-run-per-document peer through the same
+path (``AI_PIPELINE_BACKFILL_RUN_SIZE=1``) and reports the ratio of seconds per document.
+
+    python benchmarks/production.py [--documents 1000] [--latency-ms 1000] [--concurrency 16]
+        [--runs 4] [--run-size 100] [--backend sqlite|postgres] [--peer-documents 0] [--json]
+
+Exit code 0 when every document completed with exactly one LLM request each, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from throughput import (  # noqa: E402
+    REPO,
+    dagster_daemon,
+    git_commit,
+    instance_yaml,
+    machine_info,
+    make_inbox,
+)
+
+API_KEY = "sim-bench-key"
+MODEL = "sim-analyst-1"
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def _step_bounds() -> tuple[Any, ...]:
+    import dagster as dg
+
+    return (
+        dg.DagsterEventType.STEP_START,
+        dg.DagsterEventType.STEP_SUCCESS,
+        dg.DagsterEventType.STEP_FAILURE,
+    )
+
+
+class ProcessWatch:
+    """Samples, twice a second, every process below this one: the CPU seconds each has used (its
+    last sample counts; a process that ends between two samples loses at most half a second) and
+    the peak resident memory of the run workers (the code server starts each as a
+    ``multiprocessing`` spawn child; ``dagster api execute_run`` under other launchers)."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[int, float] = {}
+        self.kind: dict[int, str] = {}
+        self.peak_worker_kib = 0
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> ProcessWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self.cpu.values())
+
+    def cpu_by_kind(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for pid, seconds in self.cpu.items():
+            kind = self.kind.get(pid, "other")
+            out[kind] = round(out.get(kind, 0.0) + seconds, 1)
+        return out
+
+    @staticmethod
+    def _kind(cmdline: bytes) -> str:
+        if b"spawn_main" in cmdline or b"execute_run" in cmdline:
+            return "run workers"
+        if b"api\x00grpc" in cmdline:
+            return "code server"
+        if b"dagster-daemon" in cmdline:
+            return "daemon"
+        if b"ai_pipeline.cli" in cmdline:
+            return "submit command"
+        return "other"
+
+    def _loop(self) -> None:
+        me = os.getpid()
+        while not self._stop.wait(0.5):
+            parents: dict[int, int] = {}
+            stats: dict[int, list[str]] = {}
+            for name in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    raw = Path(f"/proc/{name}/stat").read_text()
+                except OSError:
+                    continue
+                fields = raw[raw.rindex(")") + 2 :].split()
+                parents[int(name)] = int(fields[1])
+                stats[int(name)] = fields
+            for pid, fields in stats.items():
+                ancestor = parents.get(pid)
+                while ancestor and ancestor != me:
+                    ancestor = parents.get(ancestor)
+                if ancestor != me:
+                    continue
+                self.cpu[pid] = (int(fields[11]) + int(fields[12])) / self._tick
+                try:
+                    if pid not in self.kind:
+                        self.kind[pid] = self._kind(Path(f"/proc/{pid}/cmdline").read_bytes())
+                    if self.kind[pid] == "run workers":
+                        rss_kib = int(fields[21]) * os.sysconf("SC_PAGE_SIZE") // 1024
+                        self.peak_worker_kib = max(self.peak_worker_kib, rss_kib)
+                except OSError:
+                    continue
+
+
+def pg_database() -> tuple[str, Any]:
+    import sqlalchemy as sa
+
+    name = f"aip_bench_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(
+        PG_ADMIN.replace("postgresql://", "postgresql+psycopg2://"), isolation_level="AUTOCOMMIT"
+    )
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return PG_ADMIN.rsplit("/", 1)[0] + f"/{name}", drop
+
+
+def what_dagster_recorded(home: Path, env: dict[str, str]) -> tuple[Counter[str], dict[str, Any]]:
+    """Event-log entries of every run by type, and where a run's time went: queued (created →
+    started), starting (the worker's process and code import: started → the step began) and
+    executing (the step) — read after the daemon stopped."""
+    import dagster as dg
+
+    os.environ.update({k: v for k, v in env.items() if k.startswith(("DAGSTER", "AI_PIPELINE"))})
+    by_type: Counter[str] = Counter()
+    queued, starting, stepping, ends = [], [], [], []
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        for record in instance.get_run_records():
+            run_id = record.dagster_run.run_id
+            entries = instance.all_logs(run_id)
+            for entry in entries:
+                kind = entry.dagster_event_type
+                by_type[kind.value if kind is not None else "LOG_MESSAGE"] += 1
+            bounds = _step_bounds()
+            step = [e.timestamp for e in entries if e.dagster_event_type in bounds]
+            if record.start_time and record.end_time and len(step) == 2:
+                queued.append(record.start_time - record.create_timestamp.timestamp())
+                starting.append(step[0] - record.start_time)
+                stepping.append(step[1] - step[0])
+                ends.append(record.end_time)
+
+    def mean(values: list[float]) -> float | None:
+        return round(sum(values) / len(values), 2) if values else None
+
+    return by_type, {
+        "mean_seconds_queued": mean(queued),
+        "mean_seconds_worker_start_to_step": mean(starting),
+        "mean_seconds_in_step": mean(stepping),
+        "last_run_end": max(ends) if ends else None,
+    }
+
+
+def one_pass(
+    root: Path, name: str, n: int, args: argparse.Namespace, simulator: Any, run_size: int
+) -> dict[str, Any]:
+    home = root / name / "home"
+    home.mkdir(parents=True)
+    inbox = make_inbox(
+        root / name / "inbox", range(n) if name == "main" else range(10**6, 10**6 + n)
+    )
+    pg_url, drop = pg_database() if args.backend == "postgres" else (None, None)
+    (home / "dagster.yaml").write_text(instance_yaml(args.runs, pg_url), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AI_PIPELINE_")}
+    env.update(
+        DAGSTER_HOME=str(home),
+        AI_PIPELINE_DATABASE_URL=pg_url or f"sqlite:///{home / 'ai_pipeline.sqlite'}",
+        AI_PIPELINE_SETTLE_SECONDS="0",
+        AI_PIPELINE_LLM_CONCURRENCY=str(max(1, args.concurrency // args.runs)),
+        AI_PIPELINE_BACKFILL_RUN_SIZE=str(run_size),
+        OPENAI_BASE_URL=simulator.base_url,
+        OPENAI_API_KEY=API_KEY,
+        AI_PIPELINE_MODEL=MODEL,
+    )
+    if not args.per_partition_planned_events:
+        env.setdefault("DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS", "1")
+    requests_before = simulator.stats()["total"]
+    with dagster_daemon(env, root / name / "daemon.log"):
+        time.sleep(3)  # the daemon's first heartbeat; the submit below does not wait for it
+        with ProcessWatch() as watch:
+            started, started_epoch = time.perf_counter(), time.time()
+            submit = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "ai_pipeline.cli",
+                    "submit",
+                    str(inbox),
+                    "--batch",
+                    name,
+                    "--wait",
+                    "--timeout",
+                    "36000",
+                    "--json",
+                ],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            wall = time.perf_counter() - started
+        # The same documents submitted again: all completed, so no run and no LLM call.
+        again_requests = simulator.stats()["total"]
+        again_started = time.perf_counter()
+        again = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ai_pipeline.cli",
+                "submit",
+                str(inbox),
+                "--batch",
+                name,
+                "--wait",
+                "--json",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        again_wall = time.perf_counter() - again_started
+        again_requests = simulator.stats()["total"] - again_requests
+    cpu = watch.cpu_seconds
+    if submit.returncode not in (0, 1) or not submit.stdout.strip():
+        raise SystemExit(f"FAILED: submit exited {submit.returncode}: {submit.stderr[-3000:]}")
+    out = json.loads(submit.stdout)
+    events, timing = what_dagster_recorded(home, env)
+    if drop is not None:
+        drop()
+    requests = simulator.stats()["total"] - requests_before - again_requests
+    again_out = json.loads(again.stdout) if again.returncode == 0 else {}
+    last_end = timing.pop("last_run_end")
+    work = (last_end - started_epoch) if last_end else wall
+    return {
+        "documents": n,
+        "run_size": run_size,
+        "succeeded": out["succeeded"],
+        "backfill_status": out.get("status"),
+        "wall_seconds": round(wall, 2),
+        "docs_per_second": round(n / wall, 2),
+        "seconds_per_document": round(wall / n, 4),
+        # Until the last run ended: the backfill's own end is noticed by the daemon up to 30 s later.
+        "seconds_to_last_run_end": round(work, 2),
+        "docs_per_second_to_last_run_end": round(n / work, 2),
+        "cpu_seconds_all_processes": round(cpu, 1),
+        "cpu_seconds_per_document": round(cpu / n, 4),
+        "cpu_seconds_by_process": watch.cpu_by_kind(),
+        "event_log_entries_per_document": round(sum(events.values()) / n, 2),
+        "event_log_entries_by_type": dict(events.most_common()),
+        "runs": events.get("PIPELINE_START", 0),
+        "llm_requests": requests,
+        "run_worker_peak_rss_mb": round(watch.peak_worker_kib / 1024, 1),
+        **timing,
+        "resubmit_wall_seconds": round(again_wall, 2),
+        "resubmit_over_first_pass": round(again_wall / wall, 4),
+        "resubmit_llm_requests": again_requests,
+        "resubmit_backfill": again_out.get("backfill_id"),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--documents", type=int, default=1000)
+    parser.add_argument("--latency-ms", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=16, help="total LLM calls in flight")
+    parser.add_argument("--runs", type=int, default=4, help="runs at once (max_concurrent_runs)")
+    parser.add_argument("--run-size", type=int, default=100, help="documents per backfill run")
+    parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--peer-documents", type=int, default=0, help="one run per document")
+    parser.add_argument(
+        "--per-partition-planned-events",
+        action="store_true",
+        help="leave DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS unset (Dagster's default)",
+    )
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    from ai_pipeline.rehearsal.faults import SimulatorConfig
+    from ai_pipeline.rehearsal.simulator import SimulatorServer
+
+    limit = args.concurrency / (args.latency_ms / 1000)
+    report: dict[str, Any] = {
+        "command": " ".join(sys.argv),
+        "commit": git_commit() or "unknown",
+        "machine": machine_info(),
+        "llm_bound_docs_per_second": limit,
+    }
+    root = Path(tempfile.mkdtemp(prefix="aip-prod-"))
+    cpu_self = time.process_time()
+    problems = []
+    try:
+        config = SimulatorConfig(latency_ms=args.latency_ms, max_concurrency=2 * args.concurrency)
+        with SimulatorServer(config) as simulator:
+            main_pass = one_pass(root, "main", args.documents, args, simulator, args.run_size)
+            main_pass["efficiency"] = round(main_pass["docs_per_second"] / limit, 3)
+            main_pass["efficiency_to_last_run_end"] = round(
+                main_pass["docs_per_second_to_last_run_end"] / limit, 3
+            )
+            report["main"] = main_pass
+            if args.peer_documents:
+                peer = one_pass(root, "peer", args.peer_documents, args, simulator, 1)
+                peer["ratio_seconds_per_document_over_main"] = round(
+                    peer["seconds_per_document"] / main_pass["seconds_per_document"], 1
+                )
+                report["one_run_per_document"] = peer
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    report["simulator_process_cpu_seconds"] = round(time.process_time() - cpu_self, 1)
+    report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    for name in ("main", "one_run_per_document"):
+        p = report.get(name)
+        if p and p["resubmit_llm_requests"]:
+            problems.append(f"{name}: re-submitting made {p['resubmit_llm_requests']} LLM requests")
+        if p and (p["succeeded"] != p["documents"] or p["llm_requests"] != p["documents"]):
+            problems.append(
+                f"{name}: {p['succeeded']}/{p['documents']} completed, "
+                f"{p['llm_requests']} LLM requests"
+            )
+    report["problems"] = problems
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(
+            f"{report['command']}  (commit {report['commit']}, load {report['machine']['loadavg']})"
+        )
+        print(f"  LLM-bound limit C/L = {limit:g} documents/s")
+        for name in ("main", "one_run_per_document"):
+            for key, value in report.get(name, {}).items():
+                print(f"  {name:<21} {key:<32} {value}")
+        print(f"  simulator (this process) CPU s     {report['simulator_process_cpu_seconds']}")
+        print(f"  load at the end {report['loadavg_end']}")
+    if problems:
+        print("FAILED: " + "; ".join(problems), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

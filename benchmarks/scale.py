@@ -1,0 +1,257 @@
+"""Scale: the bookkeeping at 100,000 documents (no LLM work), through the real commands and daemon.
+
+Two parts, each on a fresh DAGSTER_HOME in a temporary folder (the checkout is not touched):
+
+1. *Commands.* An inbox of N generated documents; each command runs as a user runs it (a new
+   ``ai-pipeline`` process) and is timed: ``submit`` (registration, partitions, the backfill — no
+   daemon runs, so the backfill stays queued), the same ``submit`` again (must launch nothing:
+   its backfill is still queued), then, after the results database is set to a realistic mix
+   (90 % COMPLETED, 5 % FAILED as NETWORK_TIMEOUT, the rest pending), ``status`` (default),
+   ``report``, ``batch`` and ``backfill --failed --dry-run``.
+2. *Sensor.* An inbox of N files registered by the inbox sensor under a real ``dagster-daemon``
+   (run queue closed: ``max_concurrent_runs: 0``, so the runs it requests stay queued and what is
+   measured is intake alone). It waits until all N documents are registered and reports every
+   tick: how many, the longest (evaluation to end, as Dagster records it), and any that failed.
+
+    python benchmarks/scale.py [--documents 100000] [--sensor-documents N] [--max-files 500]
+                               [--sensor-interval 5] [--skip-commands] [--skip-sensor] [--json]
+
+Exit code 0 when every check holds (re-submit launched nothing, every document registered, no
+tick failed), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from throughput import (  # noqa: E402
+    REPO,
+    dagster_daemon,
+    git_commit,
+    instance_yaml,
+    machine_info,
+    make_inbox,
+)
+
+CLI = [sys.executable, "-m", "ai_pipeline.cli"]
+
+
+def fresh_home(root: Path, *, max_concurrent_runs: int = 4) -> Path:
+    home = root / "dagster_home"
+    home.mkdir(parents=True)
+    (home / "dagster.yaml").write_text(instance_yaml(max_concurrent_runs), encoding="utf-8")
+    return home
+
+
+def environment(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AI_PIPELINE_")}
+    env.setdefault("DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS", "1")  # as the README says
+    env.update(
+        DAGSTER_HOME=str(home),
+        AI_PIPELINE_DATABASE_URL=f"sqlite:///{home / 'ai_pipeline.sqlite'}",
+        AI_PIPELINE_SETTLE_SECONDS="0",
+        OPENAI_API_KEY="sim-scale-key",
+        **extra,
+    )
+    return env
+
+
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, dict[str, Any]]:
+    """Run one command, as a user would; its wall seconds and its JSON output."""
+    start = time.perf_counter()
+    out = subprocess.run(
+        [*CLI, *argv, "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=3600
+    )
+    seconds = time.perf_counter() - start
+    if out.returncode not in (0, 1):
+        raise SystemExit(
+            f"FAILED: ai-pipeline {' '.join(argv)} exited {out.returncode}:\n{out.stderr[-3000:]}"
+        )
+    return seconds, json.loads(out.stdout)
+
+
+def mix_states(database: Path) -> dict[str, int]:
+    """90 % COMPLETED, 5 % FAILED (NETWORK_TIMEOUT), the rest left pending, by rowid."""
+    with sqlite3.connect(database) as conn:
+        conn.execute(
+            "UPDATE documents SET state = CASE WHEN rowid % 20 = 0 THEN 'FAILED' "
+            "WHEN rowid % 20 = 1 THEN state ELSE 'COMPLETED' END, "
+            "category = CASE WHEN rowid % 20 = 0 THEN 'NETWORK_TIMEOUT' END, "
+            "last_error = CASE WHEN rowid % 20 = 0 THEN 'timed out (scale benchmark)' END"
+        )
+        return dict(conn.execute("SELECT state, count(*) FROM documents GROUP BY state"))
+
+
+def commands(root: Path, n: int) -> dict[str, Any]:
+    home = fresh_home(root / "commands")
+    env = environment(home)
+    inbox = make_inbox(root / "commands" / "inbox", range(n))
+    out: dict[str, Any] = {}
+    out["submit_s"], first = timed(["submit", str(inbox), "--batch", "scale"], env)
+    out["resubmit_s"], again = timed(["submit", str(inbox), "--batch", "scale"], env)
+    out["resubmit_launched_nothing"] = bool(
+        again["already_running"] and again["backfill_id"] == first["backfill_id"]
+    )
+    out["states"] = mix_states(home / "ai_pipeline.sqlite")
+    out["status_s"], status = timed(["status"], env)
+    out["status_listed"] = len(status["documents"])
+    out["report_s"], report = timed(["report"], env)
+    out["batch_s"], _ = timed(["batch", first["batch_id"]], env)
+    out["backfill_dry_run_s"], plan = timed(["backfill", "--failed", "--dry-run"], env)
+    out["backfill_selected"] = len(plan["selected"])
+    out["checks"] = {
+        "registered": first["total"] == n,
+        "resubmit_launched_nothing": out["resubmit_launched_nothing"],
+        "report_counts_all": report["documents"] == n,
+        "plan_selects_the_failed": len(plan["selected"]) == out["states"].get("FAILED", 0),
+    }
+    return out
+
+
+def sensor_ticks(home: Path) -> list[Any]:
+    import dagster as dg
+
+    os.environ["DAGSTER_HOME"] = str(home)
+    with dg.DagsterInstance.get() as instance:
+        states = [s for s in instance.all_instigator_state() if s.name == "inbox_sensor"]
+        if not states:
+            return []
+        (state,) = states
+        return list(instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=100000))
+
+
+def registered(database: Path) -> int:
+    if not database.exists():
+        return 0
+    try:
+        with sqlite3.connect(database, timeout=30) as conn:
+            return int(conn.execute("SELECT count(*) FROM documents").fetchone()[0])
+    except sqlite3.OperationalError:  # the tables are not there yet
+        return 0
+
+
+def sensor(root: Path, n: int, max_files: int, interval: int, timeout: float) -> dict[str, Any]:
+    home = fresh_home(root / "sensor", max_concurrent_runs=0)
+    inbox = make_inbox(root / "sensor" / "inbox", range(n))
+    env = environment(
+        home,
+        AI_PIPELINE_INBOX=str(inbox),
+        AI_PIPELINE_SENSOR_INTERVAL=str(interval),
+        AI_PIPELINE_SENSOR_MAX_FILES=str(max_files),
+    )
+    start = time.perf_counter()
+    with dagster_daemon(env, root / "sensor" / "daemon.log") as daemon:
+        while registered(home / "ai_pipeline.sqlite") < n:
+            if time.perf_counter() - start > timeout:
+                break
+            if daemon.poll() is not None:
+                raise SystemExit(f"FAILED: dagster-daemon exited {daemon.returncode}")
+            time.sleep(2)
+        drained_s = time.perf_counter() - start
+        drained_at = time.time()
+        # The tick that registered the last files still launches its runs: let it end.
+        settle_deadline = time.monotonic() + 120
+        while time.monotonic() < settle_deadline and any(
+            t.status.value == "STARTED" for t in sensor_ticks(home)
+        ):
+            time.sleep(1)
+    ticks = sensor_ticks(home)
+    durations = [t.end_timestamp - t.timestamp for t in ticks if t.end_timestamp]
+    statuses: dict[str, int] = {}
+    for t in ticks:
+        statuses[t.status.value] = statuses.get(t.status.value, 0) + 1
+    count = registered(home / "ai_pipeline.sqlite")
+    ticks.sort(key=lambda t: t.timestamp)
+    # A tick that began after every file was registered is cut short by stopping the daemon.
+    after = [t for t in ticks if t.timestamp >= drained_at]
+    ticks = [t for t in ticks if t.timestamp < drained_at]
+    errors = [
+        f"tick {i} of {len(ticks)}: {t.error.message.strip()[:300]}"
+        for i, t in enumerate(ticks, 1)
+        if t.error is not None
+    ]
+    return {
+        "documents_registered": count,
+        "drained_s": round(drained_s, 1),
+        "ticks": len(ticks),
+        "ticks_after_the_last_file_left_out": len(after),
+        "tick_statuses": statuses,
+        "longest_tick_s": round(max(durations), 2) if durations else None,
+        "median_tick_s": round(sorted(durations)[len(durations) // 2], 2) if durations else None,
+        "runs_requested": sum(len(t.run_ids) for t in ticks),
+        "tick_errors": errors[:3],
+        "checks": {
+            "all_registered": count == n,
+            "no_tick_failed": statuses.get("FAILURE", 0) == 0,
+        },
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--documents", type=int, default=100_000)
+    parser.add_argument("--sensor-documents", type=int, help="default: --documents")
+    parser.add_argument("--max-files", type=int, default=500, help="AI_PIPELINE_SENSOR_MAX_FILES")
+    parser.add_argument("--sensor-interval", type=int, default=5, help="seconds between ticks")
+    parser.add_argument("--sensor-timeout", type=float, default=3600)
+    parser.add_argument("--skip-commands", action="store_true")
+    parser.add_argument("--skip-sensor", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    report: dict[str, Any] = {
+        "command": " ".join(sys.argv),
+        "commit": git_commit() or "unknown",
+        "machine": machine_info(),
+    }
+    root = Path(tempfile.mkdtemp(prefix="aip-scale-"))
+    try:
+        if not args.skip_commands:
+            report["commands"] = commands(root, args.documents)
+        if not args.skip_sensor:
+            report["sensor"] = sensor(
+                root,
+                args.sensor_documents or args.documents,
+                args.max_files,
+                args.sensor_interval,
+                args.sensor_timeout,
+            )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    checks = {
+        f"{part}.{name}": ok
+        for part in ("commands", "sensor")
+        for name, ok in report.get(part, {}).get("checks", {}).items()
+    }
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print(
+            f"{report['command']}  (commit {report['commit']}, load {report['machine']['loadavg']})"
+        )
+        for part in ("commands", "sensor"):
+            for key, value in report.get(part, {}).items():
+                if key != "checks":
+                    print(f"  {part:<8}  {key:<26} {value}")
+        print(f"  load at the end {report['loadavg_end']}")
+    failed = [name for name, ok in checks.items() if not ok]
+    if failed:
+        print(f"FAILED: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
