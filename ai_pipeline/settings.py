@@ -166,40 +166,32 @@ class Settings:
         return settings
 
     def validate(self) -> None:
-        if self.llm_concurrency < 1:
-            raise SettingsError(
-                f"AI_PIPELINE_LLM_CONCURRENCY must be ≥ 1, not {self.llm_concurrency}"
-            )
-        if self.documents_per_run < 1:
-            raise SettingsError(
-                f"AI_PIPELINE_DOCUMENTS_PER_RUN must be ≥ 1, not {self.documents_per_run}"
-            )
+        for name in _AT_LEAST_ONE:
+            value = getattr(self, name)
+            if value < 1:
+                raise SettingsError(f"{SETTINGS[name].env} must be ≥ 1, not {value}")
         if not 0.0 <= self.min_confidence <= 1.0:
             raise SettingsError(
                 f"AI_PIPELINE_MIN_CONFIDENCE must be between 0 and 1, not {self.min_confidence}"
             )
-        if self.retry_budget < 1:
-            raise SettingsError(f"AI_PIPELINE_RETRY_BUDGET must be ≥ 1, not {self.retry_budget}")
         if self.llm_timeout_seconds <= 0:
             raise SettingsError("AI_PIPELINE_LLM_TIMEOUT must be > 0")
-        if self.lease_seconds < 1:
-            raise SettingsError(f"AI_PIPELINE_LEASE_SECONDS must be ≥ 1, not {self.lease_seconds}")
         if self.db_retry_seconds < 0 or self.claim_wait_seconds < 0:
             raise SettingsError(
                 "AI_PIPELINE_DB_RETRY_SECONDS and AI_PIPELINE_CLAIM_WAIT_SECONDS must be ≥ 0"
             )
-        if self.backfill_run_size < 1:
-            raise SettingsError(
-                f"AI_PIPELINE_BACKFILL_RUN_SIZE must be ≥ 1, not {self.backfill_run_size}"
-            )
-        if self.sensor_max_files < 1:
-            raise SettingsError(
-                f"AI_PIPELINE_SENSOR_MAX_FILES must be ≥ 1, not {self.sensor_max_files}"
-            )
-        if self.sensor_interval_seconds < 1:
-            raise SettingsError(
-                f"AI_PIPELINE_SENSOR_INTERVAL must be ≥ 1, not {self.sensor_interval_seconds}"
-            )
+
+
+# The settings that must be at least 1 (counts, sizes, the lease and the sensor interval).
+_AT_LEAST_ONE = (
+    "llm_concurrency",
+    "documents_per_run",
+    "retry_budget",
+    "lease_seconds",
+    "backfill_run_size",
+    "sensor_max_files",
+    "sensor_interval_seconds",
+)
 
 
 def default_database_url() -> str:

@@ -27,7 +27,11 @@ from ai_pipeline_tests.postgres import (
     skip_or_fail,
     unavailable_reason,
 )
-from ai_pipeline_tests.support import REPO, TEST_API_KEY, TEST_MODEL, instance_yaml_on_postgres
+from ai_pipeline_tests.support import (
+    REPO,
+    instance_yaml_on_postgres,
+    point_llm_at,
+)
 
 # As the README asks of every Dagster process (CLI, daemon, webserver): one planned event per
 # asset and run. Daemons and commands the tests start inherit it; the test of per-document FAILED
@@ -119,9 +123,7 @@ def simulator(
     simulator_server.reset()
     simulator_server.set_faults([])
     simulator_server.set_api_keys(None)
-    monkeypatch.setenv("OPENAI_BASE_URL", simulator_server.base_url)
-    monkeypatch.setenv("OPENAI_API_KEY", TEST_API_KEY)
-    monkeypatch.setenv("AI_PIPELINE_MODEL", TEST_MODEL)
+    point_llm_at(monkeypatch, simulator_server)
     yield simulator_server
     simulator_server.set_faults([])
 

@@ -11,7 +11,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from ai_pipeline.defs.launch import Launcher
 from ai_pipeline.defs.partitions import documents_partitions
 from ai_pipeline.documents import content_id, normalise_text
 from ai_pipeline.prompts import ANALYSIS
+from ai_pipeline.rehearsal.faults import SimulatorConfig
+from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.settings import Settings
 from ai_pipeline.store import Store, open_store
 from ai_pipeline.tasks import ANALYSE_STEP, NOTIFY_STEP, task_id
@@ -105,6 +108,29 @@ def cli(*argv: str) -> int:
 
 def statuses(instance: dg.DagsterInstance, asset_key: dg.AssetKey, keys: list[str]) -> dict:
     return dict(instance.get_status_by_partition(asset_key, keys, documents_partitions) or {})
+
+
+def point_llm_at(
+    monkeypatch: pytest.MonkeyPatch, server: SimulatorServer, concurrency: int | None = None
+) -> None:
+    """The LLM settings of this process and of the processes it starts, pointing at ``server``."""
+    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", TEST_API_KEY)
+    monkeypatch.setenv("AI_PIPELINE_MODEL", TEST_MODEL)
+    if concurrency is not None:
+        monkeypatch.setenv("AI_PIPELINE_LLM_CONCURRENCY", str(concurrency))
+
+
+@contextmanager
+def own_simulator(
+    monkeypatch: pytest.MonkeyPatch, *, latency_ms: int, concurrency: int, max_concurrency: int = 64
+) -> Iterator[SimulatorServer]:
+    """A simulator of the test's own (its latency, its counters), the LLM settings pointing at it
+    with ``concurrency`` calls in flight per run."""
+    config = SimulatorConfig(latency_ms=latency_ms, max_concurrency=max_concurrency)
+    with SimulatorServer(config) as server:
+        point_llm_at(monkeypatch, server, concurrency)
+        yield server
 
 
 def instance_yaml_on_postgres(
