@@ -1,5 +1,6 @@
 """The sensors: new inbox files become documents and range runs; documents whose run is over are
-moved out of RUNNING; a nightly backfill's end brings the failure report.
+moved out of RUNNING, and a failed run's unfinished documents shown FAILED; a nightly backfill's
+end brings the failure report.
 
 The inbox sensor lists the inbox and reads only the files that arrived after its cursor, so a
 tick's cost grows with the new files, not with the documents already processed. A file whose
@@ -17,6 +18,7 @@ from ai_pipeline.defs.backfills import backfill_ended
 from ai_pipeline.defs.jobs import analysis_job, range_run_request, report_job
 from ai_pipeline.defs.partitions import documents_partitions, missing_partitions
 from ai_pipeline.defs.resources import PipelineSettings, ResultsStore
+from ai_pipeline.defs.run_ends import mark_ended_runs
 from ai_pipeline.defs.schedules import NIGHTLY_TAG
 from ai_pipeline.documents import display_path
 from ai_pipeline.inbox import InboxCursor, scan_inbox
@@ -146,16 +148,28 @@ def run_statuses(instance: dg.DagsterInstance) -> Callable[[Sequence[str]], Mapp
     minimum_interval_seconds=20,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Moves documents out of RUNNING whose run is over (a killed worker, a run "
-    "terminated from the UI): FAILED with RUN_INTERRUPTED, retryable.",
+    "terminated from the UI): FAILED with RUN_INTERRUPTED, retryable; and shows FAILED in Dagster "
+    "the documents a failed run never finished.",
 )
 def reconcile_sensor(
     context: dg.SensorEvaluationContext, results_store: ResultsStore
 ) -> dg.SkipReason:
-    interrupted = reconcile(results_store.get(), run_statuses(context.instance))
+    store = results_store.get()
+    interrupted = reconcile(store, run_statuses(context.instance))
     for i in interrupted:
         context.log.warning(f"{i.document_id}: RUN_INTERRUPTED: {i.reason}")
+    marked, cursor = mark_ended_runs(context.instance, store, context.cursor)
+    for run_id, documents in marked.items():
+        context.log.warning(
+            f"run {run_id} ended before {len(documents)} of its documents: shown FAILED "
+            f"({', '.join(documents[:5])}{', …' if len(documents) > 5 else ''})"
+        )
+    if cursor != context.cursor:
+        context.update_cursor(cursor)
+    unfinished = sum(map(len, marked.values()))
     return dg.SkipReason(
-        f"{len(interrupted)} documents moved out of RUNNING: their run was over"
-        if interrupted
+        f"{len(interrupted)} documents moved out of RUNNING: their run was over; "
+        f"{unfinished} unfinished documents of ended runs shown FAILED"
+        if interrupted or unfinished
         else "no document is RUNNING in a run that is over"
     )

@@ -17,6 +17,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from ai_pipeline.defs.partitions import documents_partitions
 from ai_pipeline.failures import Category
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.states import State
@@ -207,6 +208,13 @@ def test_a_15_s_database_outage_loses_no_paid_answer(
         assert store.results.count() == 40
 
 
+def failed_in_dagster(instance: dg.DagsterInstance, ids: list[str]) -> set[str]:
+    status = instance.get_status_by_partition(
+        dg.AssetKey("analysis_results"), ids, documents_partitions
+    )
+    return {k for k, v in (status or {}).items() if v == dg.AssetPartitionStatus.FAILED}
+
+
 def _run_workers(daemon: DagsterProcess) -> list[int]:
     """The daemon's run workers: the code server starts each run in a process of its own
     (multiprocessing's spawn), in the daemon's process group."""
@@ -233,11 +241,9 @@ def test_a_killed_run_worker_is_reconciled_and_rerun(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A daemon-launched run worker SIGKILLed mid-run: within 60 s every document it held is out
-    of RUNNING (RUN_INTERRUPTED, retryable), ``submit --wait`` exits non-zero with the batch not
-    done, and ``backfill --failed`` finishes them."""
-    # Every document of the run in flight when it is killed, so each is one the worker held. A run
-    # killed before it started some of its documents leaves those PENDING, and with planned events
-    # per run Dagster does not show them FAILED: backfill --failed does not pick them up yet.
+    of RUNNING (RUN_INTERRUPTED, retryable), every document it had not finished is FAILED in
+    Dagster, ``submit --wait`` exits non-zero with the batch not done, and ``backfill --failed``
+    selects and finishes exactly those. (Documents a run never started: the test after this one.)"""
     with own_simulator(monkeypatch, latency_ms=2000, concurrency=10):
         inbox, ids = corpus(tmp_path, 10, 50_000)
         store = results_store()
@@ -270,11 +276,78 @@ def test_a_killed_run_worker_is_reconciled_and_rerun(
         assert {d.category for d in interrupted if d.state == State.FAILED} == {
             Category.RUN_INTERRUPTED
         }
+        unfinished = [
+            d.document_id for d in store.documents.rows(ids) if d.state != State.COMPLETED
+        ]
+        wait_for(
+            daemon,
+            "every unfinished document FAILED in Dagster",
+            lambda: failed_in_dagster(instance, ids) == set(unfinished),
+            timeout=90,
+        )
         code, summary = finish(batch)
-        assert code == 1 and summary["failed"] + summary["pending"] > 0
+        assert code == 1 and summary["failed"] + summary["pending"] == len(unfinished)
+
+        plan_code, plan = finish(start_cli("backfill", "--failed", "--dry-run", "--json"))
+        assert plan_code == 0, plan
+        assert sorted(d["document_id"] for d in plan["selected"]) == sorted(unfinished)
 
         backfill = start_cli("backfill", "--failed", "--wait", "--json")
         backfill_code, out = finish(backfill)
         assert backfill_code == 0, out
         assert {d.state for d in store.documents.rows(ids)} == {State.COMPLETED}
         assert store.results.count() == len(ids)
+
+
+@pytest.mark.slow
+@pytest.mark.daemon
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_documents_of_runs_that_failed_before_starting_are_failed_and_backfilled(
+    dagster_home: Path,
+    instance: dg.DagsterInstance,
+    daemon: DagsterProcess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch's runs that fail before they start (marked FAILURE while queued, as Dagster's run
+    queue does when a launch fails) never start their documents: they stay PENDING in the store,
+    and with planned events per run Dagster would not show them FAILED. The reconcile sensor marks them FAILED in Dagster; ``backfill
+    --failed`` selects exactly them and, once runs may start, finishes them with one call each."""
+    config = dagster_home / "dagster.yaml"
+    open_queue = config.read_text()
+    assert "max_concurrent_runs: 4" in open_queue
+    config.write_text(open_queue.replace("max_concurrent_runs: 4", "max_concurrent_runs: 0"))
+    monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "5")
+    with own_simulator(monkeypatch, latency_ms=50, concurrency=4) as llm:
+        inbox, ids = corpus(tmp_path, 10, 60_000)
+        store = results_store()
+        daemon.start()
+        code, submitted = finish(start_cli("submit", str(inbox), "--batch", "unlaunched", "--json"))
+        assert code == 0, submitted
+
+        def queued_runs() -> list[dg.DagsterRun] | None:
+            runs = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED]))
+            return runs if len(runs) == 2 else None
+
+        for run in wait_for(daemon, "the batch's two runs queued", queued_runs):
+            instance.report_run_failed(run, message="the run could not be launched")
+        wait_for(
+            daemon,
+            "the failed runs' documents FAILED in Dagster",
+            lambda: failed_in_dagster(instance, ids) == set(ids),
+            timeout=120,
+        )
+        assert {d.state for d in store.documents.rows(ids)} == {State.PENDING}
+
+        plan_code, plan = finish(start_cli("backfill", "--failed", "--dry-run", "--json"))
+        assert plan_code == 0, plan
+        assert sorted(d["document_id"] for d in plan["selected"]) == sorted(ids)
+        assert llm.stats()["total"] == 0
+
+        daemon.stop()
+        config.write_text(open_queue)
+        daemon.start()
+        backfill_code, out = finish(start_cli("backfill", "--failed", "--wait", "--json"))
+        assert backfill_code == 0, out
+        assert_paid_once(llm, ids)
+        assert failed_in_dagster(instance, ids) == set()
