@@ -159,15 +159,20 @@ def pg_database() -> tuple[str, Any]:
     return PG_ADMIN.rsplit("/", 1)[0] + f"/{name}", drop
 
 
-def what_dagster_recorded(home: Path, env: dict[str, str]) -> tuple[Counter[str], dict[str, Any]]:
-    """Event-log entries of every run by type, and where a run's time went: queued (created →
-    started), starting (the worker's process and code import: started → the step began) and
-    executing (the step) — read after the daemon stopped."""
+def what_dagster_recorded(
+    home: Path, env: dict[str, str], slots: int
+) -> tuple[Counter[str], dict[str, Any]]:
+    """Event-log entries of every run by type, and where a run's time went — read after the
+    daemon stopped: queued (created → started), starting (the worker up → the step began), the
+    step, and the gaps between runs: a freed slot → the next run dequeued (the run queue's
+    polling), dequeued → the worker up (process start and code import), the step's end → the
+    run's end."""
     import dagster as dg
 
     os.environ.update({k: v for k, v in env.items() if k.startswith(("DAGSTER", "AI_PIPELINE"))})
     by_type: Counter[str] = Counter()
-    queued, starting, stepping, ends = [], [], [], []
+    queued, starting, stepping, launching, closing, ends = [], [], [], [], [], []
+    dequeued: list[float] = []
     with dg.DagsterInstance.from_config(str(home)) as instance:
         for record in instance.get_run_records():
             run_id = record.dagster_run.run_id
@@ -177,11 +182,26 @@ def what_dagster_recorded(home: Path, env: dict[str, str]) -> tuple[Counter[str]
                 by_type[kind.value if kind is not None else "LOG_MESSAGE"] += 1
             bounds = _step_bounds()
             step = [e.timestamp for e in entries if e.dagster_event_type in bounds]
+            starting_at = [
+                e.timestamp
+                for e in entries
+                if e.dagster_event_type == dg.DagsterEventType.PIPELINE_STARTING
+            ]
             if record.start_time and record.end_time and len(step) == 2:
                 queued.append(record.start_time - record.create_timestamp.timestamp())
                 starting.append(step[0] - record.start_time)
                 stepping.append(step[1] - step[0])
+                closing.append(record.end_time - step[1])
                 ends.append(record.end_time)
+                if starting_at:
+                    dequeued.append(starting_at[0])
+                    launching.append(record.start_time - starting_at[0])
+    # The k-th run dequeued (k ≥ slots) took the slot the (k - slots)-th run to end gave up.
+    slot_waits = [
+        start - end
+        for start, end in zip(sorted(dequeued)[slots:], sorted(ends), strict=False)
+        if start >= end
+    ]
 
     def mean(values: list[float]) -> float | None:
         return round(sum(values) / len(values), 2) if values else None
@@ -190,6 +210,9 @@ def what_dagster_recorded(home: Path, env: dict[str, str]) -> tuple[Counter[str]
         "mean_seconds_queued": mean(queued),
         "mean_seconds_worker_start_to_step": mean(starting),
         "mean_seconds_in_step": mean(stepping),
+        "mean_seconds_slot_free_to_dequeued": mean(slot_waits),
+        "mean_seconds_dequeued_to_worker_up": mean(launching),
+        "mean_seconds_step_end_to_run_end": mean(closing),
         "last_run_end": max(ends) if ends else None,
     }
 
@@ -245,7 +268,7 @@ def one_pass(
     if first.returncode not in (0, 1) or not first.stdout.strip():
         raise SystemExit(f"FAILED: submit exited {first.returncode}: {first.stderr[-3000:]}")
     out = json.loads(first.stdout)
-    events, timing = what_dagster_recorded(home, env)
+    events, timing = what_dagster_recorded(home, env, args.runs)
     if drop is not None:
         drop()
     requests = simulator.stats()["total"] - requests_before - again_requests

@@ -7,14 +7,19 @@ Two parts, each on a fresh DAGSTER_HOME in a temporary folder (the checkout is n
    daemon runs, so the backfill stays queued), the same ``submit`` again (must launch nothing:
    its backfill is still queued), then, after the results database is set to a realistic mix
    (90 % COMPLETED, 5 % FAILED as NETWORK_TIMEOUT, the rest pending), ``status`` (default),
-   ``report``, ``batch`` and ``backfill --failed --dry-run``.
+   ``report``, ``batch`` and ``backfill --failed --dry-run``. Then ``dagster-webserver`` serves
+   that instance and headless Chromium (Debian's, through Playwright) times the pages a user
+   opens: the partitions view of ``analysis_results`` until its status counts show, the
+   backfills list until the batch's backfill shows, and that backfill's page (``--skip-ui``: not
+   these).
 2. *Sensor.* An inbox of N files registered by the inbox sensor under a real ``dagster-daemon``
    (run queue closed: ``max_concurrent_runs: 0``, so the runs it requests stay queued and what is
    measured is intake alone). It waits until all N documents are registered and reports every
    tick: how many, the longest (evaluation to end, as Dagster records it), and any that failed.
 
     python benchmarks/scale.py [--documents 100000] [--sensor-documents N] [--max-files 500]
-                               [--sensor-interval 5] [--skip-commands] [--skip-sensor] [--json]
+                               [--sensor-interval 5] [--skip-commands] [--skip-sensor]
+                               [--skip-ui] [--json]
 
 Exit code 0 when every check holds (re-submit launched nothing, every document registered, no
 tick failed), 1 otherwise.
@@ -46,6 +51,7 @@ from throughput import (  # noqa: E402
 )
 
 CLI = [sys.executable, "-m", "ai_pipeline.cli"]
+UI_TIMEOUT_MS = 300_000
 
 
 def fresh_home(root: Path, *, max_concurrent_runs: int = 4) -> Path:
@@ -94,7 +100,50 @@ def mix_states(database: Path) -> dict[str, int]:
         return dict(conn.execute("SELECT state, count(*) FROM documents GROUP BY state"))
 
 
-def commands(root: Path, n: int) -> dict[str, Any]:
+def ui_pages(home: Path, env: dict[str, str], backfill_id: str, n: int) -> dict[str, float]:
+    """Seconds until each page shows what a user opened it for, in a fresh browser per page (no
+    cache), against ``dagster-webserver`` on this instance."""
+    import re
+
+    from playwright.sync_api import expect
+
+    sys.path.insert(0, str(REPO))  # the test helpers' package, beside the product's
+    from ai_pipeline_tests.browser import chromium_missing, chromium_page
+    from ai_pipeline_tests.dagster_procs import DagsterProcess
+
+    if chromium_missing():
+        raise SystemExit(f"FAILED: {chromium_missing()} (or run with --skip-ui)")
+    pages = {
+        "ui_partitions_page_s": (
+            "/assets/analysis_results?view=partitions",
+            lambda page: page.get_by_text(re.compile(r"^Missing \(")).first,
+        ),
+        "ui_backfills_page_s": (
+            "/overview/backfills",
+            lambda page: page.get_by_text(backfill_id).first,
+        ),
+        "ui_backfill_page_s": (
+            f"/runs/b/{backfill_id}",
+            lambda page: page.get_by_text(f"{n:,}").first,
+        ),
+    }
+    web = DagsterProcess.webserver(home.parent / "webserver.log", env=env)
+    out: dict[str, float] = {}
+    try:
+        web.start()
+        web.wait_ready(300, locations_loaded=True)
+        for key, (path, shown) in pages.items():
+            with chromium_page(home.parent / f"chromium-{key}", UI_TIMEOUT_MS) as page:
+                start = time.perf_counter()
+                page.goto(f"{web.url}{path}")
+                expect(shown(page)).to_be_visible(timeout=UI_TIMEOUT_MS)
+                out[key] = round(time.perf_counter() - start, 2)
+    finally:
+        web.stop()
+    return out
+
+
+def commands(root: Path, n: int, ui: bool) -> dict[str, Any]:
     home = fresh_home(root / "commands")
     env = environment(home)
     inbox = make_inbox(root / "commands" / "inbox", range(n))
@@ -111,6 +160,8 @@ def commands(root: Path, n: int) -> dict[str, Any]:
     out["batch_s"], _ = timed(["batch", first["batch_id"]], env)
     out["backfill_dry_run_s"], plan = timed(["backfill", "--failed", "--dry-run"], env)
     out["backfill_selected"] = len(plan["selected"])
+    if ui:
+        out.update(ui_pages(home, env, first["backfill_id"], n))
     out["checks"] = {
         "registered": first["total"] == n,
         "resubmit_launched_nothing": out["resubmit_launched_nothing"],
@@ -208,6 +259,7 @@ def main() -> int:
     parser.add_argument("--sensor-timeout", type=float, default=3600)
     parser.add_argument("--skip-commands", action="store_true")
     parser.add_argument("--skip-sensor", action="store_true")
+    parser.add_argument("--skip-ui", action="store_true", help="no page timings in a browser")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     report: dict[str, Any] = {
@@ -218,7 +270,7 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="aip-scale-"))
     try:
         if not args.skip_commands:
-            report["commands"] = commands(root, args.documents)
+            report["commands"] = commands(root, args.documents, not args.skip_ui)
         if not args.skip_sensor:
             report["sensor"] = sensor(
                 root,

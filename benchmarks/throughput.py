@@ -228,12 +228,18 @@ def instance_yaml(max_concurrent_runs: int | None = None, pg_url: str | None = N
     return text
 
 
+def _beside_python(command: str) -> str:
+    """A console script of this interpreter's environment (the virtualenv need not be active)."""
+    script = Path(sys.executable).parent / command
+    return str(script) if script.exists() else command
+
+
 @contextmanager
 def dagster_daemon(env: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A real ``dagster-daemon`` on the project's workspace, stopped (its process group) after."""
     with log_path.open("wb") as log:
         daemon = subprocess.Popen(
-            ["dagster-daemon", "run", "-w", str(REPO / "workspace.yaml")],
+            [_beside_python("dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")],
             cwd=REPO,
             env=env,
             stdout=log,

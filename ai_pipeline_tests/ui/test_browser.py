@@ -20,6 +20,7 @@ from dagster._core.execution.backfill import BULK_ACTION_TERMINAL_STATUSES, Bulk
 
 from ai_pipeline.defs.assets import ANALYSIS_RESULTS
 from ai_pipeline.defs.partitions import documents_partitions
+from ai_pipeline_tests.browser import chromium_missing, chromium_page
 from ai_pipeline_tests.dagster_procs import DagsterProcess, running, wait_for
 from ai_pipeline_tests.support import (
     RANGE_END,
@@ -34,18 +35,6 @@ from ai_pipeline_tests.support import (
     task_of,
 )
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-# Keeps the "Join the Dagster community" pop-up from covering the page.
-NO_COMMUNITY_POPUP = "localStorage.setItem('communityNux', JSON.stringify('1'))"
 FAULT_MARKER = "Relay outage"
 FAILING = {1, 4, 8}  # positions, in partition order, of the documents whose LLM call fails
 READY_SECONDS = 60
@@ -78,43 +67,28 @@ def shot(page, folder: Path, name: str) -> None:
 
 def launch_failed_backfill(url: str, shots: Path) -> None:
     """Materialize… → "Failed" → "Launch backfill" on analysis_results' partitions view."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    profile = shots / "chromium-profile"
-    profile.mkdir()
-    with sync_playwright() as pw:
-        ctx = pw.chromium.launch_persistent_context(
-            str(profile),
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 1000},
-        )
+    with chromium_page(shots / "chromium-profile", UI_TIMEOUT_MS) as page:
         try:
-            ctx.set_default_timeout(UI_TIMEOUT_MS)
-            ctx.add_init_script(NO_COMMUNITY_POPUP)
-            page = ctx.new_page()
-            try:
-                page.goto(f"{url}/assets/analysis_results?view=partitions")
-                # The partitions view has loaded the statuses: 3 failed.
-                expect(page.get_by_text("Failed (3)")).to_be_visible()
-                shot(page, shots, "1-partitions")
-                page.get_by_role("button", name="Materialize…").click()
-                dialog = page.get_by_role("dialog")
-                expect(dialog).to_be_visible()
-                shot(page, shots, "2-dialog")
-                dialog.get_by_role("button", name="Failed", exact=True).click()
-                shot(page, shots, "3-failed-selected")
-                dialog.get_by_role("button", name="Launch backfill").click()
-                expect(dialog).to_be_hidden()
-                # The toast that confirms the launch mutation came back.
-                expect(page.get_by_text("Created backfill")).to_be_visible()
-                shot(page, shots, "4-launched")
-            except Exception:
-                shot(page, shots, "error")
-                raise
-        finally:
-            ctx.close()
+            page.goto(f"{url}/assets/analysis_results?view=partitions")
+            # The partitions view has loaded the statuses: 3 failed.
+            expect(page.get_by_text("Failed (3)")).to_be_visible()
+            shot(page, shots, "1-partitions")
+            page.get_by_role("button", name="Materialize…").click()
+            dialog = page.get_by_role("dialog")
+            expect(dialog).to_be_visible()
+            shot(page, shots, "2-dialog")
+            dialog.get_by_role("button", name="Failed", exact=True).click()
+            shot(page, shots, "3-failed-selected")
+            dialog.get_by_role("button", name="Launch backfill").click()
+            expect(dialog).to_be_hidden()
+            # The toast that confirms the launch mutation came back.
+            expect(page.get_by_text("Created backfill")).to_be_visible()
+            shot(page, shots, "4-launched")
+        except Exception:
+            shot(page, shots, "error")
+            raise
 
 
 @pytest.mark.ui
@@ -134,7 +108,7 @@ def test_ui_backfill_of_failed_reruns_exactly_the_failed(
     except ImportError:
         missing = "the playwright package is missing (pip install -e '.[test]')"
     else:
-        missing = "" if CHROMIUM.exists() else f"{CHROMIUM} is missing (apt-get install chromium)"
+        missing = chromium_missing()
     if missing:
         # As for PostgreSQL (conftest): skipped locally, a failure in CI, which installs both.
         (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)

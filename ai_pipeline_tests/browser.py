@@ -1,0 +1,50 @@
+"""Headless Chromium for the UI tests and the scale benchmark: Debian's browser, never one that
+``playwright install`` downloads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+# Keeps the "Join the Dagster community" pop-up from covering the Dagster UI.
+NO_COMMUNITY_POPUP = "localStorage.setItem('communityNux', JSON.stringify('1'))"
+
+
+def chromium_missing() -> str:
+    """Why the browser cannot run here, or "" when it can."""
+    return "" if CHROMIUM.exists() else f"{CHROMIUM} is missing (apt-get install chromium)"
+
+
+@contextmanager
+def chromium_page(profile: Path, timeout_ms: int) -> Iterator[Any]:
+    """A page of a fresh headless Chromium profile in ``profile`` (created), every wait bounded
+    by ``timeout_ms``; the browser is closed after."""
+    from playwright.sync_api import sync_playwright
+
+    profile.mkdir(parents=True)
+    with sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(
+            str(profile),
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1000},
+        )
+        try:
+            ctx.set_default_timeout(timeout_ms)
+            ctx.add_init_script(NO_COMMUNITY_POPUP)
+            yield ctx.new_page()
+        finally:
+            ctx.close()
