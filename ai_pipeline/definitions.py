@@ -7,7 +7,12 @@ from ai_pipeline.defs.io_managers import ResultsIOManager
 from ai_pipeline.defs.jobs import analysis_job, report_job
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.defs.schedules import build_nightly_retry_schedule
-from ai_pipeline.defs.sensors import build_inbox_sensor, nightly_report_sensor, reconcile_sensor
+from ai_pipeline.defs.sensors import (
+    build_inbox_sensor,
+    nightly_report_sensor,
+    reconcile_sensor,
+    submissions_sensor,
+)
 from ai_pipeline.settings import Settings
 
 # The settings that shape definitions (a sensor's interval, a cron) are read when the location loads.
@@ -19,6 +24,7 @@ defs = dg.Definitions(
     jobs=[analysis_job, report_job],
     sensors=[
         build_inbox_sensor(at_load.sensor_interval_seconds),
+        submissions_sensor,
         reconcile_sensor,
         nightly_report_sensor,
     ],

@@ -50,7 +50,14 @@ from ai_pipeline.states import IllegalTransition, State
 from ai_pipeline.store import Store
 from ai_pipeline.store.database import StoreUnavailable
 from ai_pipeline.store.rows import ResultRow, StoredDocument
-from ai_pipeline.tasks import ANALYSE_STEP, NOTIFY_STEP, TaskLog, document_of, task_id
+from ai_pipeline.tasks import (
+    ANALYSE_STEP,
+    NOTIFY_STEP,
+    SUBMITTED,
+    TaskLog,
+    document_of,
+    task_id,
+)
 
 STAGES = (
     "document_text",
@@ -95,6 +102,10 @@ class StageDeferred:
 
 
 Event = StageDone | StageFailed | StageDeferred
+
+
+class _Cancelled(Exception):
+    """The document's submitter cancelled it while this run held it."""
 
 
 class _StageError(ClassifiedError):
@@ -192,8 +203,16 @@ class Analyser:
             if previous == State.CANCELLED:
                 log.info("cancelled; skipped")
                 return events
+            if doc.cancel_requested:
+                raise _Cancelled()
             # Stages append as they finish, so the ones done before a failure are still reported.
             await self._stages(doc, task, log, events)
+        except _Cancelled:
+            # Back along the state machine; a paid answer stays checkpointed, nothing downstream.
+            self.store.documents.transition(document_id, State.QUEUED)
+            self.store.documents.transition(document_id, State.CANCELLED)
+            log.info("cancelled by its submitter; stopped")
+            return events
         except ClassifiedError as e:
             stage = getattr(e, "stage", "llm_analysis")
             events.append(StageFailed(document_id, stage, e.category, redact(e.message), task))
@@ -317,6 +336,10 @@ class Analyser:
             payload = self.store.checkpoints.put(
                 task, document_id, ANALYSE_STEP, reply.to_payload()
             )
+            if doc.source.startswith(SUBMITTED) and self.store.documents.cancel_requested(
+                document_id
+            ):
+                raise _Cancelled()
         else:
             log.info("LLM checkpoint found; no call")
         reply = LLMReply.from_payload(payload)

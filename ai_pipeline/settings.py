@@ -117,6 +117,14 @@ SETTINGS: dict[str, Setting] = {
         "AI_PIPELINE_NIGHTLY_CRON", "0 2 * * *", "the nightly retry schedule (at load)"
     ),
     "timezone": Setting("AI_PIPELINE_TIMEZONE", "UTC", "the nightly schedule's timezone (at load)"),
+    "tenants_file": Setting(
+        "AI_PIPELINE_TENANTS_FILE", None, "tenants and API keys of `ai-pipeline serve` (YAML/JSON)"
+    ),
+    "dagster_url": Setting(
+        "AI_PIPELINE_DAGSTER_URL",
+        "http://127.0.0.1:3000",
+        "the Dagster UI, for the run links `ai-pipeline serve` hands out",
+    ),
 }
 
 
@@ -147,6 +155,8 @@ class Settings:
     backfill_run_size: int
     nightly_cron: str
     timezone: str
+    tenants_file: str | None
+    dagster_url: str
 
     @classmethod
     def load(cls, **overrides: Any) -> Settings:

@@ -14,6 +14,9 @@ from ai_pipeline.retry import Log
 
 ANALYSE_STEP = "analyse"
 NOTIFY_STEP = "notify"
+# The source of a document submitted over HTTP (``api:<tenant>/<name>``): only such a document can
+# be cancelled while a run holds it.
+SUBMITTED = "api:"
 
 
 def task_id(document_id: str, step: str, prompt_version: str, model: str) -> str:

@@ -27,6 +27,7 @@ COMMANDS = [
     "submit",
     "batch",
     "report",
+    "serve",
     "simulate-llm",
     "receive-webhooks",
 ]

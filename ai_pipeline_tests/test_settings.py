@@ -48,6 +48,8 @@ def test_defaults_without_environment(monkeypatch: pytest.MonkeyPatch, tmp_path:
         backfill_run_size=100,
         nightly_cron="0 2 * * *",
         timezone="UTC",
+        tenants_file=None,
+        dagster_url="http://127.0.0.1:3000",
     )
     assert s.max_document_bytes == 5 * 1024 * 1024
     assert s.min_confidence == 0.75

@@ -2,7 +2,7 @@
 
 Commands are thin — parse, call one function of the application layer, print — one module per
 group: ``process`` (demo, run, status), ``backfill`` (backfill, requeue), ``review``, ``batches``
-(submit, batch, report), ``rehearsal`` (simulate-llm, receive-webhooks). Commands that process
+(submit, batch, report), ``serve`` (the submission service), ``rehearsal`` (simulate-llm, receive-webhooks). Commands that process
 documents go through Dagster against the project's instance (``DAGSTER_HOME``), so what they do
 shows in the Dagster UI exactly like a sensor's runs.
 
@@ -15,7 +15,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ai_pipeline.cli import backfill, batches, process, rehearsal, review
+from ai_pipeline.cli import backfill, batches, process, rehearsal, review, serve
 from ai_pipeline.cli.common import EXIT_USAGE
 from ai_pipeline.errors import InputError
 
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Idempotent, retry-safe LLM analysis of document collections on Dagster.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (process, backfill, review, batches, rehearsal):
+    for group in (process, backfill, review, batches, serve, rehearsal):
         group.add_commands(sub)
     return parser
 

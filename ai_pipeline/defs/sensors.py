@@ -1,6 +1,6 @@
-"""The sensors: new inbox files become documents and range runs; documents whose run is over are
-moved out of RUNNING, and a failed run's unfinished documents shown FAILED; a nightly backfill's
-end brings the failure report.
+"""The sensors: new inbox files and tasks submitted over HTTP become documents and range runs;
+documents whose run is over are moved out of RUNNING, and a failed run's unfinished documents
+shown FAILED; a nightly backfill's end brings the failure report.
 
 The inbox sensor lists the inbox and reads only the files that arrived after its cursor, so a
 tick's cost grows with the new files, not with the documents already processed. A file whose
@@ -25,7 +25,11 @@ from ai_pipeline.inbox import InboxCursor, scan_inbox
 from ai_pipeline.intake import batches, register_files
 from ai_pipeline.prompts import ANALYSIS
 from ai_pipeline.reconcile import reconcile
+from ai_pipeline.states import State
 from ai_pipeline.tasks import ANALYSE_STEP, task_id
+
+# A submitted task waits at most this long for its run to be requested.
+SUBMISSIONS_INTERVAL_SECONDS = 5
 
 
 def build_inbox_sensor(interval_seconds: int) -> dg.SensorDefinition:
@@ -110,6 +114,58 @@ def _inbox_tick(
         ],
         dynamic_partitions_requests=[documents_partitions.build_add_request(new_ids)],
         cursor=scan.cursor.serialize(),
+    )
+
+
+@dg.sensor(
+    job=analysis_job,
+    minimum_interval_seconds=SUBMISSIONS_INTERVAL_SECONDS,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Launches the tasks submitted over HTTP (ai-pipeline serve): new partitions and "
+    "range runs, in the order they came.",
+)
+def submissions_sensor(
+    context: dg.SensorEvaluationContext, settings: PipelineSettings, results_store: ResultsStore
+) -> dg.SensorResult | dg.SkipReason:
+    return _submissions_tick(context, settings, results_store)
+
+
+def _submissions_tick(
+    context: dg.SensorEvaluationContext, settings: PipelineSettings, results_store: ResultsStore
+) -> dg.SensorResult | dg.SkipReason:
+    config = settings.resolve()
+    store = results_store.get()
+    seen = int(context.cursor or 0)
+    tasks = store.tasks.after(seen, config.sensor_max_files)
+    if not tasks:
+        return dg.SkipReason("no new submitted task")
+    ids = [t.document_id for t in tasks]
+    new_ids = missing_partitions(context.instance, ids)
+    # Partitions already there whose task never ran (a tick that added them and then failed
+    # before its cursor was saved): one run each, keyed so that a second request is dropped.
+    known = set(ids) - set(new_ids)
+    waiting = [
+        d.document_id
+        for d in (store.documents.rows(known) if known else [])
+        if d.state in (State.PENDING, State.QUEUED)
+    ]
+    store.documents.queue(new_ids)
+    context.log.info(f"{len(tasks)} submitted tasks: {len(new_ids)} new documents")
+    return dg.SensorResult(
+        run_requests=[
+            *(
+                range_run_request(batch, prefix="api")
+                for batch in batches(new_ids, config.documents_per_run)
+            ),
+            *(
+                dg.RunRequest(run_key=f"api:{d}", job_name=analysis_job.name, partition_key=d)
+                for d in waiting
+            ),
+        ],
+        dynamic_partitions_requests=[documents_partitions.build_add_request(new_ids)]
+        if new_ids
+        else [],
+        cursor=str(tasks[-1].seq),
     )
 
 

@@ -11,6 +11,7 @@ kind of thing stored:
 ``reviews``         the review queue, reviewers' overrides, quarantined outputs, the outbox
 ``batches``         named sets of documents submitted together
 ``leases``          which run works on which task now: one owner per task
+``tasks``           tasks submitted over HTTP and the tenant each belongs to
 ==================  ==========================================================================
 
 Every call retries a lost connection for a while (``database``), then raises StoreUnavailable.
@@ -32,6 +33,7 @@ from ai_pipeline.store.events import Events
 from ai_pipeline.store.leases import Leases
 from ai_pipeline.store.results import Results
 from ai_pipeline.store.reviews import Reviews
+from ai_pipeline.store.tasks import TenantTasks
 
 if TYPE_CHECKING:
     from ai_pipeline.settings import Settings
@@ -52,6 +54,7 @@ class Store:
         self.reviews = Reviews(self.db)
         self.batches = Batches(self.db)
         self.leases = Leases(self.db)
+        self.tasks = TenantTasks(self.db, self.documents)
 
     @property
     def dialect(self) -> str:

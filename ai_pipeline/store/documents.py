@@ -54,6 +54,10 @@ class Documents:
         """
         if not docs:
             return set()
+        return self.db.write(lambda conn: self.register_in(conn, docs))
+
+    def register_in(self, conn: Connection, docs: Sequence[Document | RejectedFile]) -> set[str]:
+        """``register_many`` inside the caller's transaction (with what else it records)."""
         now = utcnow()
         rows: dict[str, dict[str, Any]] = {}
         aliases: dict[tuple[str, str], dict[str, Any]] = {}
@@ -71,6 +75,7 @@ class Documents:
                     "state": State.PENDING.value,
                     "attempts": 0,
                     "rejected_by_reviewer": False,
+                    "cancel_requested": False,
                     "created_at": now,
                     "updated_at": now,
                 },
@@ -85,26 +90,23 @@ class Documents:
                 },
             )
 
-        def insert(conn: Connection) -> set[str]:
-            ids = list(rows)
-            known: set[str] = set()
-            for i in range(0, len(ids), IN_CHUNK):
-                chunk = ids[i : i + IN_CHUNK]
-                known.update(
-                    conn.execute(
-                        sa.select(documents.c.document_id).where(documents.c.document_id.in_(chunk))
-                    ).scalars()
-                )
-            new = [rows[d] for d in ids if d not in known]
-            # executemany: the driver batches the rows (sqlite3 in C; for psycopg2, SQLAlchemy's insertmanyvalues).
-            if new:
-                conn.execute(self.db.insert(documents).on_conflict_do_nothing(), new)
-            conn.execute(
-                self.db.insert(document_sources).on_conflict_do_nothing(), list(aliases.values())
+        ids = list(rows)
+        known: set[str] = set()
+        for i in range(0, len(ids), IN_CHUNK):
+            chunk = ids[i : i + IN_CHUNK]
+            known.update(
+                conn.execute(
+                    sa.select(documents.c.document_id).where(documents.c.document_id.in_(chunk))
+                ).scalars()
             )
-            return {r["document_id"] for r in new}
-
-        return self.db.write(insert)
+        new = [rows[d] for d in ids if d not in known]
+        # executemany: the driver batches the rows (sqlite3 in C; for psycopg2, SQLAlchemy's insertmanyvalues).
+        if new:
+            conn.execute(self.db.insert(documents).on_conflict_do_nothing(), new)
+        conn.execute(
+            self.db.insert(document_sources).on_conflict_do_nothing(), list(aliases.values())
+        )
+        return {r["document_id"] for r in new}
 
     def get(self, document_id: str) -> DocumentRow | None:
         rows = self.db.rows(sa.select(*_ROW_COLUMNS).where(documents.c.document_id == document_id))
@@ -280,6 +282,28 @@ class Documents:
             return moved
 
         return self.db.write(move)
+
+    def request_cancel(self, document_id: str) -> bool:
+        """Ask the run that holds a RUNNING document to stop it (``Analyser`` checks before it
+        goes on); False when it is not RUNNING any more."""
+        return bool(
+            self.db.write(
+                lambda conn: (
+                    conn.execute(
+                        sa.update(documents)
+                        .where(documents.c.document_id == document_id)
+                        .where(documents.c.state == State.RUNNING.value)
+                        .values(cancel_requested=True, updated_at=utcnow())
+                    ).rowcount
+                )
+            )
+        )
+
+    def cancel_requested(self, document_id: str) -> bool:
+        rows = self.db.rows(
+            sa.select(documents.c.cancel_requested).where(documents.c.document_id == document_id)
+        )
+        return bool(rows and rows[0][0])
 
     def mark_rejected(self, document_id: str, message: str) -> None:
         """A reviewer rejected the document: it is settled, and ``message`` says why."""

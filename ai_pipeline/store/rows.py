@@ -60,6 +60,7 @@ class DocumentRow:
     rejected_by_reviewer: bool
     created_at: datetime
     updated_at: datetime
+    cancel_requested: bool = False
 
     @classmethod
     def from_row(cls, row: Any) -> DocumentRow:
@@ -92,6 +93,7 @@ def _document_fields(row: Any) -> dict[str, Any]:
         "run_id": row.run_id,
         "status_message": row.status_message,
         "rejected_by_reviewer": bool(row.rejected_by_reviewer),
+        "cancel_requested": bool(row.cancel_requested),
         "created_at": aware(row.created_at),
         "updated_at": aware(row.updated_at),
     }

@@ -41,6 +41,10 @@ documents = sa.Table(
     sa.Column(
         "rejected_by_reviewer", sa.Boolean, nullable=False, default=False, server_default=sa.false()
     ),
+    # A submitter cancelled the task while a run held it: that run stops at its next step.
+    sa.Column(
+        "cancel_requested", sa.Boolean, nullable=False, default=False, server_default=sa.false()
+    ),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
 )
@@ -174,4 +178,17 @@ leases = sa.Table(
     sa.Column("owner", sa.String(64), nullable=False, index=True),
     sa.Column("acquired_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+# Tasks submitted over HTTP (``ai-pipeline serve``): whose each one is. ``seq`` orders them for the
+# submissions sensor's cursor; a tenant submitting the same content again finds its task.
+tenant_tasks = sa.Table(
+    "tenant_tasks",
+    metadata,
+    sa.Column("seq", sa.Integer, sa.Identity(), primary_key=True),
+    sa.Column("task_id", sa.String(128), nullable=False, unique=True),
+    sa.Column("tenant_id", sa.String(64), nullable=False, index=True),
+    sa.Column("document_id", sa.String(64), nullable=False, unique=True),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )

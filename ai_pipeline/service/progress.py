@@ -1,0 +1,96 @@
+"""A task as its submitter sees it: state, progress, current step, result or error.
+
+Everything is read from the results database, so any web process answers the same: the document's
+state-machine state, how far its work got (its analysis checkpoint, its results row), and for a
+completed task the upserted analysis. Progress only grows while the task is live, which lets the
+event stream number its ``progress`` events by their value (``Last-Event-ID`` resumes after it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ai_pipeline.states import State
+from ai_pipeline.store import Store
+from ai_pipeline.store.rows import DocumentRow
+from ai_pipeline.store.tasks import TenantTask
+
+# Where a live task stands: (progress 0–100, current step).
+QUEUED = (0, "queued")
+ANALYSING = (10, "analysing")
+CHECKING = (60, "checking and storing the analysis")
+NOTIFYING = (90, "sending the completion notice")
+DONE = (100, "completed")
+# States after which a task's event stream ends (FAILED may be retried later: a new stream).
+FINAL = frozenset({State.COMPLETED, State.CANCELLED, State.FAILED, State.DEAD_LETTER})
+
+
+@dataclass(frozen=True)
+class TaskView:
+    task: TenantTask
+    doc: DocumentRow
+    progress: int
+    current_step: str
+    result: dict[str, Any] | None
+    completed_at: datetime | None
+
+    @property
+    def final(self) -> bool:
+        return self.doc.state in FINAL
+
+    def as_json(self, dagster_url: str) -> dict[str, Any]:
+        doc = self.doc
+        failed = doc.state in (State.FAILED, State.DEAD_LETTER)
+        return {
+            "task_id": self.task.task_id,
+            "name": self.task.name,
+            "status": doc.state.value,
+            "cancel_requested": doc.cancel_requested and doc.state == State.RUNNING,
+            "progress": self.progress,
+            "current_step": self.current_step,
+            "sections": {"done": 1 if doc.state == State.COMPLETED else 0, "total": 1},
+            "result": self.result,
+            "category": doc.category.value if failed and doc.category else None,
+            "error": doc.last_error if failed else None,
+            "created_at": self.task.created_at.isoformat(),
+            "completed_at": self.completed_at.isoformat() if self.completed_at else None,
+            "dagster_run_url": f"{dagster_url.rstrip('/')}/runs/{doc.run_id}"
+            if doc.run_id
+            else None,
+        }
+
+
+def view(store: Store, task: TenantTask) -> TaskView:
+    doc = store.documents.get(task.document_id)
+    assert doc is not None, f"task {task.task_id} has no document"
+    result = None
+    completed_at = None
+    if doc.state == State.COMPLETED:
+        progress, step = DONE
+        rows = store.results.get([doc.document_id])
+        if rows:
+            row = rows[0]
+            result = {
+                "keywords": row.keywords,
+                "summary": row.summary,
+                "sentiment": row.sentiment,
+                "entities": row.entities,
+                "confidence": row.confidence,
+                "model": row.model,
+                "prompt_version": row.prompt_version,
+            }
+        completed_at = doc.updated_at
+    elif doc.state == State.RUNNING:
+        if store.results.get([doc.document_id]):
+            progress, step = NOTIFYING
+        elif doc.task_id and store.checkpoints.get(doc.task_id) is not None:
+            progress, step = CHECKING
+        else:
+            progress, step = ANALYSING
+    elif doc.state in FINAL:
+        progress, step = 0, doc.state.value.lower().replace("_", " ")
+    else:
+        progress, step = QUEUED
+    return TaskView(task, doc, progress, step, result, completed_at)

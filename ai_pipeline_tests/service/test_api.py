@@ -1,0 +1,277 @@
+"""The submission API under a real uvicorn server, a real dagster-daemon and the simulator over
+HTTP: submit → 202 at once → the submissions sensor's run → polling and SSE follow it to
+COMPLETED; tenants kept apart; one task and one LLM call for 100 concurrent submissions of one
+file; cancel; bad uploads refused with nothing recorded."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from ai_pipeline.rehearsal.simulator import SimulatorServer
+from ai_pipeline.states import State
+from ai_pipeline_tests.dagster_procs import DagsterProcess, wait_for
+from ai_pipeline_tests.service.conftest import auth
+from ai_pipeline_tests.support import own_simulator, results_store, sample_text
+
+pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+DONE_SECONDS = 120
+
+
+def submit(
+    url: str, tenant: str, text: str, name: str = "doc.txt", **headers: str
+) -> httpx.Response:
+    return httpx.post(
+        f"{url}/api/v1/tasks",
+        json={"text": text, "name": name},
+        headers=auth(tenant) | headers,
+        timeout=30,
+    )
+
+
+def task_state(url: str, tenant: str, task: str) -> dict[str, Any]:
+    response = httpx.get(f"{url}/api/v1/tasks/{task}", headers=auth(tenant), timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+def wait_until(
+    server: DagsterProcess, url: str, tenant: str, task: str, states: Sequence[str]
+) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        state = task_state(url, tenant, task)
+        return state if state["status"] in states else None
+
+    return wait_for(server, f"task {task} in {states}", reached, timeout=DONE_SECONDS)  # type: ignore[no-any-return]
+
+
+def sse_events(
+    url: str, tenant: str, task: str, last_event_id: str | None = None
+) -> list[dict[str, Any]]:
+    """Every event of the stream until the server ends it: id, event, data (parsed JSON)."""
+    headers = auth(tenant) | ({"Last-Event-ID": last_event_id} if last_event_id else {})
+    events: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    with httpx.stream(
+        "GET", f"{url}/api/v1/tasks/{task}/events", headers=headers, timeout=DONE_SECONDS
+    ) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if not line:
+                if current:
+                    events.append(current)
+                current = {}
+            elif line.startswith("id:"):
+                current["id"] = line[3:].strip()
+            elif line.startswith("event:"):
+                current["event"] = line[6:].strip()
+            elif line.startswith("data:"):
+                current["data"] = json.loads(line[5:].strip())
+    if current:
+        events.append(current)
+    return events
+
+
+@pytest.mark.slow
+@pytest.mark.daemon
+def test_a_submission_is_accepted_at_once_and_followed_to_completed(
+    service: DagsterProcess, daemon: DagsterProcess, simulator: SimulatorServer
+) -> None:
+    """202 with a task id, poll and SSE URLs in < 200 ms; polling and the event stream follow
+    the document to COMPLETED with its result; the stream's progress events grow and end with
+    one ``completed``; ``Last-Event-ID`` resumes without repeating; one LLM call."""
+    daemon.start()
+    text = sample_text(7001)
+    started = time.perf_counter()
+    response = submit(service.url, "acme", text, "contract.txt")
+    elapsed = time.perf_counter() - started
+    assert response.status_code == 202, response.text
+    body = response.json()
+    assert elapsed < 0.2, f"submit took {elapsed:.3f} s"
+    task = body["task_id"]
+    assert body["status"] == "PENDING"
+    assert body["poll_url"] == f"{service.url}/api/v1/tasks/{task}"
+    assert body["sse_url"] == f"{service.url}/api/v1/tasks/{task}/events"
+    assert body["estimated_seconds"] > 0
+
+    events = sse_events(service.url, "acme", task)
+    assert events[0]["event"] == "status"
+    progress = [e for e in events[1:] if e["event"] == "progress"]
+    finals = [e for e in events if e["event"] in ("completed", "error")]
+    assert [e["event"] for e in finals] == ["completed"] and events[-1] is finals[0]
+    ids = [int(e["id"]) for e in progress]
+    assert ids == sorted(set(ids)) and all(0 <= i <= 100 for i in ids)
+    assert [e["data"]["progress"] for e in progress] == ids
+
+    done = task_state(service.url, "acme", task)
+    assert done["status"] == "COMPLETED" and done["progress"] == 100
+    assert done["completed_at"] and done["dagster_run_url"]
+    store = results_store()
+    (row,) = store.results.get([store.tasks.get("acme", task).document_id])
+    assert (
+        done["result"]["summary"] == row.summary and finals[0]["data"]["result"] == done["result"]
+    )
+    assert simulator.requests_for(task) == 1
+
+    # Reconnecting after the last progress event: the current status, then the final event only.
+    again = sse_events(service.url, "acme", task, last_event_id=str(ids[-1]) if ids else "0")
+    assert [e["event"] for e in again] == ["status", "completed"]
+    # After the final event: the status alone, nothing repeated.
+    assert [e["event"] for e in sse_events(service.url, "acme", task, "1000")] == ["status"]
+    # A completed task cannot be cancelled.
+    cancel = httpx.delete(f"{service.url}/api/v1/tasks/{task}", headers=auth("acme"), timeout=30)
+    assert cancel.status_code == 409
+    assert simulator.requests_for(task) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.daemon
+def test_100_concurrent_submissions_of_one_file_make_one_task_and_one_call(
+    service: DagsterProcess, daemon: DagsterProcess, simulator: SimulatorServer
+) -> None:
+    text = sample_text(7002)
+
+    def one(_: int) -> httpx.Response:
+        return httpx.post(
+            f"{service.url}/api/v1/tasks",
+            files={"file": ("same.txt", text.encode())},
+            headers=auth("acme"),
+            timeout=60,
+        )
+
+    with ThreadPoolExecutor(max_workers=100) as pool:
+        responses = list(pool.map(one, range(100)))
+    codes = sorted(r.status_code for r in responses)
+    assert codes == [200] * 99 + [202], codes
+    (task,) = {r.json()["task_id"] for r in responses}
+    daemon.start()
+    wait_until(service, service.url, "acme", task, ["COMPLETED"])
+    assert simulator.requests_for(task) == 1
+    assert simulator.stats()["total"] == 1
+    listed = httpx.get(f"{service.url}/api/v1/tasks", headers=auth("acme"), timeout=30).json()
+    assert [t["task_id"] for t in listed["tasks"]] == [task] and listed["total"] == 1
+
+
+def test_tenants_never_see_each_others_tasks(
+    service: DagsterProcess, simulator: SimulatorServer
+) -> None:
+    """Another tenant's task id answers 404 as an unknown one does (status, events, cancel); its
+    list never shows it; the same content from two tenants is two tasks; 401 / 403 for a
+    missing, wrong or mismatched key."""
+    url = service.url
+    text = sample_text(7003)
+    mine = submit(url, "acme", text).json()["task_id"]
+    theirs = submit(url, "globex", text)
+    assert theirs.status_code == 202 and theirs.json()["task_id"] != mine
+    unknown = "0" * 20 + "-analyse-v1-00000000"
+    for task in (mine, unknown):
+        for method, path in (
+            ("GET", f"/api/v1/tasks/{task}"),
+            ("GET", f"/api/v1/tasks/{task}/events"),
+            ("DELETE", f"/api/v1/tasks/{task}"),
+        ):
+            r = httpx.request(method, url + path, headers=auth("globex"), timeout=30)
+            assert r.status_code == 404, (method, path, r.text)
+            assert r.json() == {"detail": f"no task {task}"}
+    listed = httpx.get(f"{url}/api/v1/tasks", headers=auth("globex"), timeout=30).json()
+    assert [t["task_id"] for t in listed["tasks"]] == [theirs.json()["task_id"]]
+    # The tenant's second key sees the same tasks.
+    second = httpx.get(f"{url}/api/v1/tasks/{mine}", headers=auth("acme", key=1), timeout=30)
+    assert second.status_code == 200
+    assert httpx.get(f"{url}/api/v1/tasks/{mine}", timeout=30).status_code == 401
+    wrong = {"Authorization": "Bearer not-a-key"}
+    assert httpx.get(f"{url}/api/v1/tasks", headers=wrong, timeout=30).status_code == 401
+    mismatched = auth("acme") | {"X-Tenant-Id": "globex"}
+    assert (
+        httpx.get(f"{url}/api/v1/tasks/{mine}", headers=mismatched, timeout=30).status_code == 403
+    )
+    matching = auth("acme") | {"X-Tenant-Id": "acme"}
+    assert httpx.get(f"{url}/api/v1/tasks/{mine}", headers=matching, timeout=30).status_code == 200
+    assert submit(url, "acme", text, **{"X-Tenant-Id": "globex"}).status_code == 403
+    assert simulator.stats()["total"] == 0
+
+
+def test_bad_uploads_are_refused_with_the_reason_and_nothing_recorded(
+    service: DagsterProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = service.url
+
+    def upload(name: str, data: bytes) -> httpx.Response:
+        return httpx.post(
+            f"{url}/api/v1/tasks", files={"file": (name, data)}, headers=auth("acme"), timeout=30
+        )
+
+    cases = [
+        (upload("empty.txt", b""), 422, "empty.txt: the file is empty"),
+        (upload("binary.txt", b"ab\x00cd" * 10), 422, "NUL bytes"),
+        (upload("tool.exe", b"MZ..."), 422, "unsupported type"),
+        (upload("big.txt", b"a" * (5 * 1024 * 1024 + 1)), 413, "over the size limit"),
+        (upload("broken.pdf", b"%PDF-1.4 not really"), 422, "broken.pdf"),
+        (
+            httpx.post(f"{url}/api/v1/tasks", content=b"x", headers=auth("acme"), timeout=30),
+            415,
+            "multipart/form-data",
+        ),
+        (
+            httpx.post(
+                f"{url}/api/v1/tasks",
+                content=b"{not json",
+                headers=auth("acme") | {"content-type": "application/json"},
+                timeout=30,
+            ),
+            422,
+            "`text`",
+        ),
+    ]
+    for response, code, reason in cases:
+        assert response.status_code == code, response.text
+        assert reason in response.json()["detail"], response.text
+    store = results_store()
+    assert store.documents.rows() == []
+    listed = httpx.get(f"{url}/api/v1/tasks", headers=auth("acme"), timeout=30).json()
+    assert listed["total"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.daemon
+def test_cancel_a_queued_and_a_running_task(
+    service: DagsterProcess, daemon: DagsterProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queued task cancelled is CANCELLED at once and the run that comes for it skips it (0
+    calls); a running one is CANCELLED when its call returns (the call in flight is the only
+    one, no result is stored); each event stream ends with an ``error``; 409 once ended."""
+    with own_simulator(monkeypatch, latency_ms=4000, concurrency=4) as llm:
+        queued = submit(service.url, "acme", sample_text(7004)).json()["task_id"]
+        running = submit(service.url, "acme", sample_text(7005)).json()["task_id"]
+        response = httpx.delete(
+            f"{service.url}/api/v1/tasks/{queued}", headers=auth("acme"), timeout=30
+        )
+        assert response.status_code == 200 and response.json()["status"] == "CANCELLED"
+        daemon.start()
+        wait_until(service, service.url, "acme", running, ["RUNNING"])
+        response = httpx.delete(
+            f"{service.url}/api/v1/tasks/{running}", headers=auth("acme"), timeout=30
+        )
+        assert response.status_code == 200, response.text
+        assert response.json()["cancel_requested"] is True
+        wait_until(service, service.url, "acme", running, ["CANCELLED"])
+        assert llm.requests_for(queued) == 0 and llm.requests_for(running) == 1
+        store = results_store()
+        for task in (queued, running):
+            document_id = store.tasks.get("acme", task).document_id
+            assert store.documents.get(document_id).state == State.CANCELLED
+            assert store.results.get([document_id]) == []
+            events = sse_events(service.url, "acme", task)
+            assert [e["event"] for e in events] == ["status", "error"]
+            assert events[-1]["data"]["status"] == "CANCELLED"
+            again = httpx.delete(
+                f"{service.url}/api/v1/tasks/{task}", headers=auth("acme"), timeout=30
+            )
+            assert again.status_code == 409
