@@ -1,0 +1,109 @@
+"""Cutting long documents into sections and merging their analyses (plain code)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ai_pipeline.schema import Analysis
+from ai_pipeline.sections import SUMMARY_CHARS, Section, merge, split_sections
+
+
+def clauses(n: int, words: int = 40) -> str:
+    return "\n".join(
+        f"{i}. Clause {i} says " + " ".join(f"term{i}x{j}" for j in range(words)) + "."
+        for i in range(1, n + 1)
+    )
+
+
+def test_a_short_document_is_one_section() -> None:
+    (only,) = split_sections("# Title\n\nA short note.", max_chars=1000)
+    assert (only.index, only.title, only.text) == (1, "Title", "# Title\n\nA short note.")
+
+
+def test_numbered_clauses_are_cut_at_their_numbers_and_joined_up_to_the_budget() -> None:
+    text = clauses(60)
+    one_clause = max(len(line) for line in text.splitlines())
+    sections = split_sections(text, max_chars=one_clause + 1)
+    assert len(sections) == 60
+    assert [s.title.split(" ", 1)[0] for s in sections] == [f"{i}." for i in range(1, 61)]
+    # Up to three clauses fit a section: each section starts at a clause, in order, none lost.
+    wider = split_sections(text, max_chars=3 * one_clause + 4)
+    assert 20 <= len(wider) < 30
+    assert all(s.text[0].isdigit() and len(s.text) <= 3 * one_clause + 4 for s in wider)
+    assert "\n".join(s.text.replace("\n\n", "\n") for s in wider) == text
+
+
+def test_headings_articles_and_chinese_clauses_are_marks() -> None:
+    text = "# Scope\nalpha " * 1 + "\n## Terms\nbeta\nArticle 3 Payment\ngamma\n第四条 保密\ndelta"
+    titles = [s.title for s in split_sections(text, max_chars=24)]
+    assert titles == ["Scope", "Terms", "Article 3 Payment", "第四条 保密"]
+
+
+def test_without_marks_whole_paragraphs_then_sentences() -> None:
+    paragraphs = [f"Paragraph {i} " + "word " * 30 for i in range(10)]
+    text = "\n\n".join(p.strip() for p in paragraphs)
+    sections = split_sections(text, max_chars=400)
+    assert all(len(s.text) <= 400 for s in sections)
+    assert [p for s in sections for p in s.text.split("\n\n")] == [p.strip() for p in paragraphs]
+    long_paragraph = " ".join(f"Sentence {i} is here." for i in range(200))
+    cut = split_sections(long_paragraph, max_chars=100)
+    assert all(len(s.text) <= 100 for s in cut)
+    assert all(s.text.endswith(".") for s in cut)
+    assert split_sections("x" * 250, max_chars=100)[-1].text == "x" * 50
+
+
+def test_the_same_text_gives_the_same_sections() -> None:
+    text = clauses(30)
+    assert split_sections(text, 500) == split_sections(text, 500)
+    with pytest.raises(ValueError):
+        split_sections(text, 0)
+
+
+def analysis(**kw: object) -> Analysis:
+    base: dict[str, object] = {
+        "keywords": ["k"],
+        "summary": "s",
+        "sentiment": "neutral",
+        "entities": [],
+        "confidence": 0.9,
+    }
+    return Analysis.model_validate({**base, **kw})
+
+
+def test_merge_weighs_sections_and_keeps_the_schema() -> None:
+    a = (
+        Section(1, "a", "x" * 100),
+        analysis(
+            keywords=["Rent", "Term"],
+            summary="First part.",
+            sentiment="negative",
+            entities=["Acme", "Oslo"],
+            confidence=0.95,
+        ),
+    )
+    b = (
+        Section(2, "b", "x" * 300),
+        analysis(
+            keywords=["rent", "Deposit"],
+            summary="Second.",
+            sentiment="positive",
+            entities=["acme", "Bergen"],
+            confidence=0.8,
+        ),
+    )
+    c = (
+        Section(3, "c", "x" * 150),
+        analysis(
+            keywords=["Notice"], summary="Third.", sentiment="negative", entities=[], confidence=0.9
+        ),
+    )
+    merged = merge([a, b, c])
+    assert merged.keywords == ["Rent", "Term", "Deposit"]  # twice first, then by first place
+    assert merged.entities == ["Acme", "Oslo", "Bergen"]
+    assert merged.summary == "First part. Second. Third."
+    assert merged.sentiment == "positive"  # 300 characters against 250
+    assert merged.confidence == 0.8
+    long = merge([(Section(i, "t", "x"), analysis(summary="y" * 150)) for i in range(1, 4)])
+    assert len(long.summary) <= SUMMARY_CHARS
+    Analysis.model_validate(merged.model_dump())
+    assert merge([a]) == a[1]
