@@ -8,6 +8,7 @@ from ai_pipeline.defs.jobs import analysis_job, report_job
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.defs.schedules import build_nightly_retry_schedule
 from ai_pipeline.defs.sensors import (
+    approvals_sensor,
     build_inbox_sensor,
     nightly_report_sensor,
     reconcile_sensor,
@@ -25,6 +26,7 @@ defs = dg.Definitions(
     sensors=[
         build_inbox_sensor(at_load.sensor_interval_seconds),
         submissions_sensor,
+        approvals_sensor,
         reconcile_sensor,
         nightly_report_sensor,
     ],

@@ -37,6 +37,9 @@ MANUAL_OVERRIDE_SUCCESS = "MANUAL_OVERRIDE_SUCCESS"
 REJECTION_ZH = "您的材料存在{reason}问题，请修正后重新提交"
 REJECTION_EN = "Your submission has a problem ({reason}). Please correct it and submit it again."
 SNAPSHOT_CHARS = 200
+# Who decided, for a decision taken on the review page (``ai_pipeline.service``): the approvals
+# sensor re-submits those; ``ai-pipeline review approve`` re-submits its own at once.
+WEB_REVIEWER = "review page: "
 
 
 def snapshot(doc: StoredDocument) -> InputSnapshot:

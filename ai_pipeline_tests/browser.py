@@ -28,9 +28,12 @@ def chromium_missing() -> str:
 
 
 @contextmanager
-def chromium_page(profile: Path, timeout_ms: int) -> Iterator[Any]:
+def chromium_page(
+    profile: Path, timeout_ms: int, *, http_credentials: dict[str, str] | None = None
+) -> Iterator[Any]:
     """A page of a fresh headless Chromium profile in ``profile`` (created), every wait bounded
-    by ``timeout_ms``; the browser is closed after."""
+    by ``timeout_ms`` (signing in with HTTP Basic ``http_credentials`` when a server asks); the
+    browser is closed after."""
     from playwright.sync_api import sync_playwright
 
     profile.mkdir(parents=True)
@@ -41,6 +44,7 @@ def chromium_page(profile: Path, timeout_ms: int) -> Iterator[Any]:
             headless=True,
             args=CHROMIUM_ARGS,
             viewport={"width": 1400, "height": 1000},
+            http_credentials=http_credentials,  # type: ignore[arg-type]
         )
         try:
             ctx.set_default_timeout(timeout_ms)

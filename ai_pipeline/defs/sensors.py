@@ -25,7 +25,9 @@ from ai_pipeline.inbox import InboxCursor, scan_inbox
 from ai_pipeline.intake import batches, register_files
 from ai_pipeline.prompts import ANALYSIS
 from ai_pipeline.reconcile import reconcile
+from ai_pipeline.review import WEB_REVIEWER
 from ai_pipeline.states import State
+from ai_pipeline.store.rows import ReviewStatus
 from ai_pipeline.tasks import ANALYSE_STEP, task_id
 
 # A submitted task waits at most this long for its run to be requested.
@@ -128,6 +130,43 @@ def submissions_sensor(
     context: dg.SensorEvaluationContext, settings: PipelineSettings, results_store: ResultsStore
 ) -> dg.SensorResult | dg.SkipReason:
     return _submissions_tick(context, settings, results_store)
+
+
+@dg.sensor(
+    job=analysis_job,
+    minimum_interval_seconds=SUBMISSIONS_INTERVAL_SECONDS,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Re-submits, under their task ids, the items approved on the review page "
+    "(ai-pipeline serve).",
+)
+def approvals_sensor(
+    context: dg.SensorEvaluationContext, results_store: ResultsStore
+) -> dg.SensorResult | dg.SkipReason:
+    store = results_store.get()
+    approved = [
+        i
+        for i in store.reviews.items(ReviewStatus.APPROVED)
+        if (i.decided_by or "").startswith(WEB_REVIEWER)
+    ]
+    docs = {d.document_id: d for d in store.documents.rows([i.document_id for i in approved])}
+    # One run per approval (its time is in the key); none while the document is being analysed.
+    requests = [
+        dg.RunRequest(
+            run_key=f"approved:{i.document_id}:{i.updated_at.isoformat()}",
+            job_name=analysis_job.name,
+            partition_key=i.document_id,
+        )
+        for i in approved
+        if i.document_id in docs
+        and docs[i.document_id].state not in (State.RUNNING, State.COMPLETED)
+    ]
+    if not requests:
+        return dg.SkipReason("no approval from the review page waits for its run")
+    launched = {r.partition_key for r in requests}
+    for i in approved:
+        if i.document_id in launched:
+            context.log.info(f"[TASK:{i.task_id}] approved by {i.decided_by}: re-submitted")
+    return dg.SensorResult(run_requests=requests)
 
 
 def _submissions_tick(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +31,7 @@ from ai_pipeline.documents import (
 )
 from ai_pipeline.prompts import ANALYSIS
 from ai_pipeline.service.progress import TaskView, view
+from ai_pipeline.service.review_page import build_review_router
 from ai_pipeline.service.tenants import Tenant, Tenants, load_tenants
 from ai_pipeline.settings import Settings, SettingsError
 from ai_pipeline.states import IllegalTransition, State
@@ -110,6 +112,7 @@ def create_app(settings: Settings | None = None, tenants: Tenants | None = None)
         "once, polling or server-sent events, one tenant's tasks invisible to every other.",
     )
     app.state.tenants = tenants
+    app.include_router(build_review_router(store, secrets.token_bytes(32)))
 
     async def in_thread(work: Callable[[], T]) -> T:
         return await asyncio.to_thread(work)

@@ -1,0 +1,112 @@
+"""The review queue page in headless Chromium (seed 002 §5.5), under a real uvicorn server and a
+real dagster-daemon: a PDF item shows its first page; Approve re-submits it under its task id
+(the approvals sensor's run, one more call at the simulator); Reject with a reason records the
+standard message and nothing downstream happens."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ai_pipeline.rehearsal.simulator import SimulatorServer
+from ai_pipeline.review import REJECTION_EN
+from ai_pipeline.states import State
+from ai_pipeline_tests.browser import chromium_missing, chromium_page
+from ai_pipeline_tests.dagster_procs import DagsterProcess, wait_for
+from ai_pipeline_tests.service.conftest import OPERATOR_KEY
+from ai_pipeline_tests.support import REPO, doc_id, process_inbox, results_store, task_of
+
+pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+UI_TIMEOUT_MS = 60_000
+PDF = REPO / "examples" / "inbox" / "q3-report-northwind.pdf"
+BLURRED = "Blurred scan from Vega Instruments in Oslo. The totals cannot be read at all."
+
+
+@pytest.mark.ui
+@pytest.mark.daemon
+@pytest.mark.slow
+def test_review_page_thumbnail_approve_and_reject(
+    service: DagsterProcess,
+    daemon: DagsterProcess,
+    simulator: SimulatorServer,
+    tmp_path: Path,
+) -> None:
+    if chromium_missing():
+        pytest.skip(chromium_missing())
+    from playwright.sync_api import expect
+
+    from ai_pipeline.documents import content_id
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    shutil.copy(PDF, inbox / PDF.name)
+    (inbox / "blurred.txt").write_text(BLURRED)
+    pdf_doc, text_doc = content_id(PDF.read_bytes()), doc_id(BLURRED)
+    # The endpoint refuses both inputs (400): INPUT_QUALITY_ISSUE, in front of a person.
+    simulator.set_faults(
+        [
+            {"kind": "status", "status": 400, "match": "Northwind Traders"},
+            {"kind": "status", "status": 400, "match": "Blurred scan"},
+        ]
+    )
+    first = process_inbox(inbox)
+    assert {d["category"] for d in first["documents"]} == {"INPUT_QUALITY_ISSUE"}
+    simulator.set_faults([])
+    assert (
+        simulator.requests_for(task_of(pdf_doc)) == simulator.requests_for(task_of(text_doc)) == 1
+    )
+
+    # The page asks for an operator key.
+    assert httpx.get(f"{service.url}/review", timeout=30).status_code == 401
+    tenant_key = {"Authorization": "Bearer acme-key-1"}
+    assert httpx.get(f"{service.url}/review", headers=tenant_key, timeout=30).status_code == 401
+    png = httpx.get(
+        f"{service.url}/review/{pdf_doc}/thumbnail.png", auth=("alice", OPERATOR_KEY), timeout=30
+    )
+    assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
+
+    daemon.start()
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    credentials = {"username": "alice", "password": OPERATOR_KEY}
+    with chromium_page(shots / "profile", UI_TIMEOUT_MS, http_credentials=credentials) as page:
+        page.goto(f"{service.url}/review")
+        pdf_row = page.locator(f'tr[data-document="{pdf_doc}"]')
+        text_row = page.locator(f'tr[data-document="{text_doc}"]')
+        expect(pdf_row.locator("img.thumbnail")).to_be_visible()
+        width = pdf_row.locator("img.thumbnail").evaluate("img => img.naturalWidth")
+        assert width > 100, width
+        expect(text_row.locator("pre.thumbnail")).to_contain_text("Blurred scan")
+        expect(pdf_row).to_contain_text("INPUT_QUALITY_ISSUE")
+        page.screenshot(path=str(shots / "1-queue.png"), full_page=True)
+
+        text_row.get_by_label(f"Reason for {text_doc}").fill("文件损坏")
+        text_row.get_by_role("button", name="Reject").click()
+        expect(page.get_by_role("status")).to_contain_text(f"rejected {text_doc}")
+        pdf_row = page.locator(f'tr[data-document="{pdf_doc}"]')
+        pdf_row.get_by_role("button", name="Approve").click()
+        expect(page.get_by_role("status")).to_contain_text(f"approved {pdf_doc}")
+        expect(page.locator("tr[data-document]")).to_have_count(0)
+        page.screenshot(path=str(shots / "2-decided.png"), full_page=True)
+
+    store = results_store()
+    wait_for(
+        daemon,
+        "the approved PDF re-submitted and completed",
+        lambda: store.documents.get(pdf_doc).state == State.COMPLETED,  # type: ignore[union-attr]
+        timeout=120,
+    )
+    # Under its task id: one more call for that task, and nothing for the rejected one.
+    assert simulator.requests_for(task_of(pdf_doc)) == 2
+    assert [r.document_id for r in store.results.get([pdf_doc, text_doc])] == [pdf_doc]
+    (message,) = store.reviews.messages(text_doc)
+    assert message.message_en == REJECTION_EN.format(reason="文件损坏")
+    rejected = store.documents.get(text_doc)
+    assert rejected is not None and rejected.rejected_by_reviewer
+    time.sleep(12)  # two more sensor intervals: still nothing for the rejected document
+    assert simulator.requests_for(task_of(text_doc)) == 1
+    assert store.documents.get(text_doc).state != State.COMPLETED  # type: ignore[union-attr]
