@@ -30,6 +30,7 @@ The rules that make a rerun safe:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -45,7 +46,14 @@ from ai_pipeline.notify import Notifier
 from ai_pipeline.redaction import redact
 from ai_pipeline.retry import Log
 from ai_pipeline.review import resolve_if_approved, send_to_review
-from ai_pipeline.schema import DEFAULT_MIN_CONFIDENCE, CheckOutcome, evaluate
+from ai_pipeline.schema import (
+    DEFAULT_MIN_CONFIDENCE,
+    Analysis,
+    CheckOutcome,
+    Evaluation,
+    evaluate,
+)
+from ai_pipeline.sections import DEFAULT_SECTION_CHARS, Section, merge, split_sections
 from ai_pipeline.states import IllegalTransition, State
 from ai_pipeline.store import Store
 from ai_pipeline.store.database import StoreUnavailable
@@ -56,6 +64,7 @@ from ai_pipeline.tasks import (
     SUBMITTED,
     TaskLog,
     document_of,
+    section_step,
     task_id,
 )
 
@@ -109,9 +118,10 @@ class _Cancelled(Exception):
 
 
 class _StageError(ClassifiedError):
-    def __init__(self, stage: str, category: Category, message: str):
+    def __init__(self, stage: str, category: Category, message: str, task: str | None = None):
         super().__init__(category, message)
         self.stage = stage
+        self.task = task  # the call it is about, when not the document's own (a section)
 
 
 def _start(store: Store, document_id: str, run_id: str | None) -> State:
@@ -151,6 +161,7 @@ class Analyser:
         retry_budget: int = DEFAULT_RETRY_BUDGET,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         claim_wait_seconds: float = DEFAULT_WAIT_SECONDS,
+        section_chars: int = DEFAULT_SECTION_CHARS,
     ):
         self.store = store
         self.llm = llm
@@ -158,6 +169,7 @@ class Analyser:
         self.log: Log = log or logging.getLogger("ai_pipeline")
         self.run_id = run_id
         self.min_confidence = min_confidence
+        self.section_chars = section_chars
         self.notifier = notifier
         self.retry_budget = retry_budget
         self.claims = Claims(
@@ -215,7 +227,10 @@ class Analyser:
             return events
         except ClassifiedError as e:
             stage = getattr(e, "stage", "llm_analysis")
-            events.append(StageFailed(document_id, stage, e.category, redact(e.message), task))
+            failed_task = getattr(e, "task", None) or task
+            events.append(
+                StageFailed(document_id, stage, e.category, redact(e.message), failed_task)
+            )
         except Exception as e:  # a bug must fail this document, not the batch
             message = redact(f"{type(e).__name__}: {e}")[:500]
             log.error(f"unexpected error: {message}")
@@ -323,32 +338,12 @@ class Analyser:
             )
         )
 
-        payload = self.store.checkpoints.get(task)
-        from_checkpoint = payload is not None
-        if payload is None:
-            log.info(f"calling {self.llm.model} (prompt {self.llm.prompt.version})")
-            try:
-                reply = await self.llm.analyse(task, text, log=log)
-            except ClassifiedError as e:
-                raise _StageError("llm_analysis", e.category, e.message) from e
-            # Durable before anything else is done with it: a crash after this line never pays
-            # for the same call again.
-            payload = self.store.checkpoints.put(
-                task, document_id, ANALYSE_STEP, reply.to_payload()
-            )
-            if doc.source.startswith(SUBMITTED) and self.store.documents.cancel_requested(
-                document_id
-            ):
-                raise _Cancelled()
+        sections = split_sections(text, self.section_chars)
+        if len(sections) == 1:
+            reply, from_checkpoint = await self._call(doc, task, ANALYSE_STEP, text, log)
+            verdict = self._evaluate(reply, text)
         else:
-            log.info("LLM checkpoint found; no call")
-        reply = LLMReply.from_payload(payload)
-        verdict = evaluate(
-            reply.content,
-            text,
-            finish_reason=reply.finish_reason,
-            min_confidence=self.min_confidence,
-        )
+            reply, from_checkpoint, verdict = await self._sectioned(doc, task, sections, log)
         events.append(
             StageDone(
                 document_id,
@@ -430,6 +425,94 @@ class Analyser:
                     {"sent": False, "reason": "no webhook configured (AI_PIPELINE_WEBHOOK_URL)"},
                 )
             )
+
+    async def _call(
+        self, doc: StoredDocument, task: str, step: str, text: str, log: TaskLog
+    ) -> tuple[LLMReply, bool]:
+        """One LLM call behind its checkpoint: the stored answer when there is one (and whether
+        it was), else the call, made durable before anything else is done with it."""
+        payload = self.store.checkpoints.get(task)
+        if payload is not None:
+            log.info(f"LLM checkpoint of {task} found; no call")
+            return LLMReply.from_payload(payload), True
+        submitted = doc.source.startswith(SUBMITTED)
+        if submitted and self.store.documents.cancel_requested(doc.document_id):
+            raise _Cancelled()
+        log.info(f"calling {self.llm.model} (prompt {self.llm.prompt.version}) for {task}")
+        try:
+            reply = await self.llm.analyse(task, text, log=log)
+        except ClassifiedError as e:
+            raise _StageError("llm_analysis", e.category, e.message, task) from e
+        # A crash after this line never pays for the same call again.
+        self.store.checkpoints.put(task, doc.document_id, step, reply.to_payload())
+        if submitted and self.store.documents.cancel_requested(doc.document_id):
+            raise _Cancelled()
+        return reply, False
+
+    def _evaluate(self, reply: LLMReply, text: str) -> Evaluation:
+        return evaluate(
+            reply.content,
+            text,
+            finish_reason=reply.finish_reason,
+            min_confidence=self.min_confidence,
+        )
+
+    async def _sectioned(
+        self, doc: StoredDocument, task: str, sections: list[Section], log: TaskLog
+    ) -> tuple[LLMReply, bool, Evaluation]:
+        """A long document's sections analysed concurrently (within the run's LLM limit), each
+        behind its own checkpoint; a section whose reply fails a check fails the document under
+        that section's task id (a reviewer's retry then calls that section alone again). The
+        sections' analyses merge into the document's reply, checked against the whole text."""
+        total = len(sections)
+        self.store.documents.set_sections(doc.document_id, total)
+
+        async def one(section: Section) -> tuple[str, LLMReply, bool, Evaluation]:
+            step = section_step(section.index)
+            section_task = task_id(doc.document_id, step, self.llm.prompt.version, self.llm.model)
+            reply, cached = await self._call(doc, section_task, step, section.text, log)
+            return section_task, reply, cached, self._evaluate(reply, section.text)
+
+        # Every section runs to its end (and its checkpoint) before a failure is raised.
+        outcomes = await asyncio.gather(*(one(s) for s in sections), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        done = [o for o in outcomes if not isinstance(o, BaseException)]
+        parts: list[tuple[Section, Analysis]] = []
+        for section, (section_task, reply, _, verdict) in zip(sections, done, strict=True):
+            failed = verdict.failure
+            # A reviewer may have accepted this section's stored output although a check failed.
+            accepted = (
+                failed is not None
+                and verdict.analysis is not None
+                and self.store.reviews.override(section_task) is not None
+            )
+            if failed is not None and not accepted:
+                assert failed.category is not None
+                if failed.category == Category.MODEL_HALLUCINATION:
+                    self.store.reviews.quarantine(
+                        doc.document_id, section_task, reply.content, failed.message
+                    )
+                where = f"section {section.index}/{total} ({section.title})"
+                # The document's analysis does not exist: it fails at llm_analysis.
+                raise _StageError(
+                    "llm_analysis", failed.category, f"{where}: {failed.message}", section_task
+                )
+            assert verdict.analysis is not None
+            parts.append((section, verdict.analysis))
+        replies = [r for _, r, _, _ in done]
+        merged = LLMReply(
+            content=merge(parts).model_dump_json(),
+            finish_reason="stop",
+            model=replies[0].model,
+            prompt_tokens=sum(r.prompt_tokens or 0 for r in replies),
+            completion_tokens=sum(r.completion_tokens or 0 for r in replies),
+            latency_ms=sum(r.latency_ms or 0 for r in replies),
+        )
+        log.info(f"{total} sections analysed and merged")
+        cached = all(c for _, _, c, _ in done)
+        return merged, cached, self._evaluate(merged, doc.text or "")
 
     async def _notify(
         self,

@@ -117,6 +117,11 @@ SETTINGS: dict[str, Setting] = {
         "AI_PIPELINE_NIGHTLY_CRON", "0 2 * * *", "the nightly retry schedule (at load)"
     ),
     "timezone": Setting("AI_PIPELINE_TIMEZONE", "UTC", "the nightly schedule's timezone (at load)"),
+    "section_chars": Setting(
+        "AI_PIPELINE_SECTION_CHARS",
+        6000,
+        "a longer document is analysed in sections of at most this many characters",
+    ),
     "tenants_file": Setting(
         "AI_PIPELINE_TENANTS_FILE", None, "tenants and API keys of `ai-pipeline serve` (YAML/JSON)"
     ),
@@ -155,6 +160,7 @@ class Settings:
     backfill_run_size: int
     nightly_cron: str
     timezone: str
+    section_chars: int
     tenants_file: str | None
     dagster_url: str
 
@@ -201,6 +207,7 @@ _AT_LEAST_ONE = (
     "backfill_run_size",
     "sensor_max_files",
     "sensor_interval_seconds",
+    "section_chars",
 )
 
 

@@ -29,6 +29,14 @@ def task_id(document_id: str, step: str, prompt_version: str, model: str) -> str
     return f"{document_id}-{step}-{prompt_version}-{model_tag}"
 
 
+SECTION_STEP_PREFIX = f"{ANALYSE_STEP}.s"
+
+
+def section_step(index: int) -> str:
+    """The step of a long document's section ``index`` (1-based): its own task and checkpoint."""
+    return f"{SECTION_STEP_PREFIX}{index:03d}"
+
+
 def document_of(task: str) -> str:
     """The document id a task id was built from (document ids are hex: they hold no ``-``)."""
     return task.split("-", 1)[0]

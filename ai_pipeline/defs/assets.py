@@ -118,6 +118,7 @@ def analyse_documents(
         retry_budget=config.retry_budget,
         lease_seconds=config.lease_seconds,
         claim_wait_seconds=config.claim_wait_seconds,
+        section_chars=config.section_chars,
     )
     context.log.info(
         f"analysing {len(document_ids)} documents with {analyser.llm.model} "

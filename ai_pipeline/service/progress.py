@@ -16,6 +16,7 @@ from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline.store.rows import DocumentRow
 from ai_pipeline.store.tasks import TenantTask
+from ai_pipeline.tasks import SECTION_STEP_PREFIX
 
 # Where a live task stands: (progress 0–100, current step).
 QUEUED = (0, "queued")
@@ -35,6 +36,7 @@ class TaskView:
     current_step: str
     result: dict[str, Any] | None
     completed_at: datetime | None
+    sections_done: int = 0
 
     @property
     def final(self) -> bool:
@@ -50,7 +52,7 @@ class TaskView:
             "cancel_requested": doc.cancel_requested and doc.state == State.RUNNING,
             "progress": self.progress,
             "current_step": self.current_step,
-            "sections": {"done": 1 if doc.state == State.COMPLETED else 0, "total": 1},
+            "sections": {"done": self.sections_done, "total": doc.sections or 1},
             "result": self.result,
             "category": doc.category.value if failed and doc.category else None,
             "error": doc.last_error if failed else None,
@@ -85,6 +87,14 @@ def view(store: Store, task: TenantTask) -> TaskView:
     elif doc.state == State.RUNNING:
         if store.results.get([doc.document_id]):
             progress, step = NOTIFYING
+        elif doc.sections:
+            done = store.checkpoints.count_for(doc.document_id, SECTION_STEP_PREFIX)
+            if done >= doc.sections:
+                progress, step = CHECKING
+            else:
+                # "analysing section k/n": 10 % at the first, 60 % when every one is done.
+                progress = ANALYSING[0] + (CHECKING[0] - ANALYSING[0]) * done // doc.sections
+                step = f"analysing section {min(done + 1, doc.sections)}/{doc.sections}"
         elif doc.task_id and store.checkpoints.get(doc.task_id) is not None:
             progress, step = CHECKING
         else:
@@ -93,4 +103,9 @@ def view(store: Store, task: TenantTask) -> TaskView:
         progress, step = 0, doc.state.value.lower().replace("_", " ")
     else:
         progress, step = QUEUED
-    return TaskView(task, doc, progress, step, result, completed_at)
+    sections_done = (
+        store.checkpoints.count_for(doc.document_id, SECTION_STEP_PREFIX)
+        if doc.sections
+        else int(doc.state == State.COMPLETED)
+    )
+    return TaskView(task, doc, progress, step, result, completed_at, sections_done)

@@ -62,6 +62,17 @@ class Checkpoints:
         delete = sa.delete(checkpoints).where(checkpoints.c.task_id == task_id)
         return bool(self.db.write(lambda conn: conn.execute(delete).rowcount))
 
+    def count_for(self, document_id: str, step_prefix: str) -> int:
+        """How many of a document's checkpoints have a step starting with ``step_prefix`` (a long
+        document's sections done, for its progress)."""
+        query = (
+            sa.select(sa.func.count())
+            .select_from(checkpoints)
+            .where(checkpoints.c.document_id == document_id)
+            .where(checkpoints.c.step.startswith(step_prefix, autoescape=True))
+        )
+        return int(self.db.read(lambda conn: conn.execute(query).scalar_one()))
+
     def count(self, step: str | None = None) -> int:
         query = sa.select(sa.func.count()).select_from(checkpoints)
         if step:

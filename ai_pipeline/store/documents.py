@@ -299,6 +299,17 @@ class Documents:
             )
         )
 
+    def set_sections(self, document_id: str, sections: int) -> None:
+        """Record how many sections a long document was cut into (what progress counts)."""
+        self.db.write(
+            lambda conn: conn.execute(
+                sa.update(documents)
+                .where(documents.c.document_id == document_id)
+                .where(sa.or_(documents.c.sections.is_(None), documents.c.sections != sections))
+                .values(sections=sections)
+            )
+        )
+
     def cancel_requested(self, document_id: str) -> bool:
         rows = self.db.rows(
             sa.select(documents.c.cancel_requested).where(documents.c.document_id == document_id)

@@ -61,6 +61,7 @@ class DocumentRow:
     created_at: datetime
     updated_at: datetime
     cancel_requested: bool = False
+    sections: int | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> DocumentRow:
@@ -94,6 +95,7 @@ def _document_fields(row: Any) -> dict[str, Any]:
         "status_message": row.status_message,
         "rejected_by_reviewer": bool(row.rejected_by_reviewer),
         "cancel_requested": bool(row.cancel_requested),
+        "sections": row.sections,
         "created_at": aware(row.created_at),
         "updated_at": aware(row.updated_at),
     }

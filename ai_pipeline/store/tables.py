@@ -41,6 +41,8 @@ documents = sa.Table(
     sa.Column(
         "rejected_by_reviewer", sa.Boolean, nullable=False, default=False, server_default=sa.false()
     ),
+    # How many sections a long document was cut into (its analysis calls); None: one call.
+    sa.Column("sections", sa.Integer, nullable=True),
     # A submitter cancelled the task while a run held it: that run stops at its next step.
     sa.Column(
         "cancel_requested", sa.Boolean, nullable=False, default=False, server_default=sa.false()

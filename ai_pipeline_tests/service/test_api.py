@@ -6,6 +6,8 @@ file; cancel; bad uploads refused with nothing recorded."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -275,3 +277,46 @@ def test_cancel_a_queued_and_a_running_task(
                 f"{service.url}/api/v1/tasks/{task}", headers=auth("acme"), timeout=30
             )
             assert again.status_code == 409
+
+
+@pytest.mark.slow
+@pytest.mark.daemon
+def test_a_60_section_document_killed_halfway_resumes_at_its_first_unfinished_section(
+    service: DagsterProcess, daemon: DagsterProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Progress counts sections while the run works ("section k/60"); the run worker SIGKILLed
+    after about 30 sections; ``backfill --failed`` finishes the document: every section paid at
+    most once more than the calls in flight at the kill."""
+    from ai_pipeline_tests.defs.test_one_owner import _run_workers, finish, start_cli
+
+    clauses = "\n".join(
+        f"{i}. Clause {i}: Harbor Supplies delivers order {i} to Lisbon and Ana Ribeiro "
+        f"confirms the excellent packaging of shipment {i}."
+        for i in range(1, 61)
+    )
+    one_clause = max(len(line) for line in clauses.splitlines())
+    monkeypatch.setenv("AI_PIPELINE_SECTION_CHARS", str(one_clause + 1))
+    with own_simulator(monkeypatch, latency_ms=1000, concurrency=4) as llm:
+        task = submit(service.url, "acme", clauses, "contract.txt").json()["task_id"]
+        daemon.start()
+
+        def halfway() -> dict[str, Any] | None:
+            state = task_state(service.url, "acme", task)
+            return state if state["sections"]["done"] >= 30 else None
+
+        seen = wait_for(daemon, "30 of 60 sections done", halfway, timeout=DONE_SECONDS)
+        assert seen["status"] == "RUNNING" and seen["sections"]["total"] == 60
+        assert seen["current_step"].startswith("analysing section ")
+        assert 10 <= seen["progress"] < 60
+        for pid in _run_workers(daemon):
+            os.kill(pid, signal.SIGKILL)
+        at_kill = llm.stats()["total"]
+        wait_until(service, service.url, "acme", task, ["FAILED"])
+        code, out = finish(start_cli("backfill", "--failed", "--wait", "--json"))
+        assert code == 0, out
+        done = task_state(service.url, "acme", task)
+        assert done["status"] == "COMPLETED"
+        assert done["sections"] == {"done": 60, "total": 60}
+        calls = llm.stats()["total"]
+        assert 60 <= calls <= 60 + 4, (calls, at_kill)
+        assert at_kill < 60
