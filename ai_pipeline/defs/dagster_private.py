@@ -16,7 +16,8 @@ Each has no public equivalent in that release; when Dagster changes, this is the
   Dagster already wrote them (the switch unset).
 - ``SqliteEventLogStorage``, ``SQLITE_BUSY_TIMEOUT_SECONDS``, ``ConfigurableClassData``: the
   embedded default's event log, subclassed to keep its engines (``ai_pipeline.defs.sqlite_storage``;
-  it overrides ``_connect``, so check that method's body when Dagster changes).
+  it overrides ``_connect``, so check that method's body when Dagster changes), and
+  ``DynamicPartitionsTable``, whose rows it reads to keep the keys of dynamic partitions.
 - ``BULK_ACTION_TERMINAL_STATUSES``, ``BulkActionStatus``, ``BulkActionsFilter``: the statuses in
   which a backfill is over, and the filter to list those that are not (a batch re-submitted while
   its backfill is still queued or running must not launch a second one).
@@ -36,6 +37,7 @@ from dagster._core.execution.backfill import (
     BulkActionStatus,
     PartitionBackfill,
 )
+from dagster._core.storage.event_log.schema import DynamicPartitionsTable
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.utils import make_new_backfill_id
@@ -74,6 +76,7 @@ __all__ = [
     "SQLITE_BUSY_TIMEOUT_SECONDS",
     "ConfigurableClassData",
     "SqliteEventLogStorage",
+    "DynamicPartitionsTable",
     "AssetMaterializationPlannedData",
     "DagsterEvent",
     "PLANNED_EVENTS_SWITCH",
