@@ -79,13 +79,19 @@ def test_every_command_is_in_the_help_test() -> None:
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the demo is the embedded default
 def test_demo_twice(dagster_home: Path) -> None:
-    """The demo completes every sample with one row each; a second demo makes no LLM call."""
+    """The demo completes every sample with one row each, one LLM call per section (a sample
+    over the section budget is analysed in sections); a second demo makes no LLM call."""
+    from ai_pipeline.documents import read_document
+    from ai_pipeline.sections import DEFAULT_SECTION_CHARS, split_sections
+
     samples = sorted(p for p in (EXAMPLES / "inbox").iterdir() if not p.name.startswith("."))
+    sections = [len(split_sections(read_document(p).text, DEFAULT_SECTION_CHARS)) for p in samples]
+    assert max(sections) > 1, "a sample long enough for sections"
     first = cli("demo", "--json")
     assert first.returncode == 0, first.stderr[-3000:]
     report = json.loads(first.stdout)
     assert report["counts"]["by_state"] == {"COMPLETED": len(samples)}
-    assert report["llm_requests"] == len(samples)
+    assert report["llm_requests"] == sum(sections)
     assert results_store().results.count() == len(samples)
 
     second = cli("demo", "--json")

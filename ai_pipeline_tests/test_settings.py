@@ -48,6 +48,7 @@ def test_defaults_without_environment(monkeypatch: pytest.MonkeyPatch, tmp_path:
         backfill_run_size=100,
         nightly_cron="0 2 * * *",
         timezone="UTC",
+        section_chars=6000,
         tenants_file=None,
         dagster_url="http://127.0.0.1:3000",
     )
