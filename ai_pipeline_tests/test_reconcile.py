@@ -132,3 +132,24 @@ def test_claims_are_renewed_while_held(store: Store) -> None:
     claims.release("t1")
     assert store.leases.claim("t1", "d1", "run-b", 60) is True
     assert not log.warnings
+
+
+def test_a_run_that_returned_in_this_process_is_over_whatever_dagster_recorded(
+    store: Store,
+) -> None:
+    """After an in-process run returned, its documents are reconciled even when Dagster still
+    says STARTED (its storage was away when the run ended) or cannot be asked at all."""
+    from ai_pipeline.defs.launch import returned
+
+    mine = running(store, "A document of the run that just returned.", "run-mine")
+    other = running(store, "A document of another live run.", "run-other")
+
+    def unreachable(ids: object) -> dict[str, str]:
+        raise ConnectionError("the instance's database is away")
+
+    out = reconcile(store, returned("run-mine", lambda ids: {i: "STARTED" for i in ids}))
+    assert [i.document_id for i in out] == [mine]
+    again = running(store, "Another document of a run that returned.", "run-gone")
+    assert [i.document_id for i in reconcile(store, returned("run-gone", unreachable))] == [again]
+    still = store.documents.get(other)
+    assert still is not None and still.state == State.RUNNING

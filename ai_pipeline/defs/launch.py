@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -45,7 +45,7 @@ from ai_pipeline.failures import Category
 from ai_pipeline.inbox import list_files
 from ai_pipeline.intake import batch_key, contiguous_ranges, register_files, unique_in_order
 from ai_pipeline.progress import Progress
-from ai_pipeline.reconcile import reconcile
+from ai_pipeline.reconcile import RUN_OVER, reconcile
 from ai_pipeline.reporting import status_report
 from ai_pipeline.review import approve as record_approval
 from ai_pipeline.settings import Settings
@@ -72,6 +72,23 @@ class Registration:
 
 def _failure(doc: DocumentRow) -> dict[str, Any]:
     return {"category": doc.category.value if doc.category else None, "error": doc.last_error}
+
+
+def returned(
+    run_id: str, lookup: Callable[[Sequence[str]], Mapping[str, str]]
+) -> Callable[[Sequence[str]], Mapping[str, str]]:
+    """``lookup``, except that ``run_id`` — a run that returned in this process — is over."""
+
+    def statuses(run_ids: Sequence[str]) -> Mapping[str, str]:
+        try:
+            found = dict(lookup(run_ids))
+        except Exception:  # the instance's storage is away: the leases still decide the others
+            found = {}
+        if run_id in run_ids and found.get(run_id) not in RUN_OVER:
+            found[run_id] = "FAILURE"
+        return found
+
+    return statuses
 
 
 @dataclass
@@ -226,6 +243,9 @@ class Launcher:
                 runs.append(
                     {"run_id": result.run_id, "documents": len(batch), "success": result.success}
                 )
+                # The run has returned in this process: it holds nothing any more, whatever
+                # Dagster could record of its end (its storage may have been down just then).
+                reconcile(self.store, returned(result.run_id, run_statuses(self.instance)))
                 outcome = "succeeded" if result.success else "had failures"
                 self.progress(f"run {i}/{len(ranges)}: {outcome}")
         return runs
