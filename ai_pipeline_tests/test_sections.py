@@ -70,40 +70,23 @@ def analysis(**kw: object) -> Analysis:
     return Analysis.model_validate({**base, **kw})
 
 
+def part(index: int, length: int, **fields: object) -> tuple[Section, Analysis]:
+    return Section(index, f"s{index}", "x" * length), analysis(**fields)
+
+
 def test_merge_weighs_sections_and_keeps_the_schema() -> None:
-    a = (
-        Section(1, "a", "x" * 100),
-        analysis(
-            keywords=["Rent", "Term"],
-            summary="First part.",
-            sentiment="negative",
-            entities=["Acme", "Oslo"],
-            confidence=0.95,
-        ),
-    )
-    b = (
-        Section(2, "b", "x" * 300),
-        analysis(
-            keywords=["rent", "Deposit"],
-            summary="Second.",
-            sentiment="positive",
-            entities=["acme", "Bergen"],
-            confidence=0.8,
-        ),
-    )
-    c = (
-        Section(3, "c", "x" * 150),
-        analysis(
-            keywords=["Notice"], summary="Third.", sentiment="negative", entities=[], confidence=0.9
-        ),
-    )
+    a = part(1, 100, keywords=["Rent", "Term"], summary="First part.", sentiment="negative",
+             entities=["Acme", "Oslo"], confidence=0.95)  # fmt: skip
+    b = part(2, 300, keywords=["rent", "Deposit"], summary="Second.", sentiment="positive",
+             entities=["acme", "Bergen"], confidence=0.8)  # fmt: skip
+    c = part(3, 150, keywords=["Notice"], summary="Third.", sentiment="negative", confidence=0.9)
     merged = merge([a, b, c])
     assert merged.keywords == ["Rent", "Term", "Deposit"]  # twice first, then by first place
     assert merged.entities == ["Acme", "Oslo", "Bergen"]
     assert merged.summary == "First part. Second. Third."
     assert merged.sentiment == "positive"  # 300 characters against 250
     assert merged.confidence == 0.8
-    long = merge([(Section(i, "t", "x"), analysis(summary="y" * 150)) for i in range(1, 4)])
+    long = merge([part(i, 1, summary="y" * 150) for i in range(1, 4)])
     assert len(long.summary) <= SUMMARY_CHARS
     Analysis.model_validate(merged.model_dump())
     assert merge([a]) == a[1]
