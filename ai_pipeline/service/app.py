@@ -30,6 +30,7 @@ from ai_pipeline.documents import (
     parse_document,
 )
 from ai_pipeline.prompts import ANALYSIS
+from ai_pipeline.service.estimate import Estimator
 from ai_pipeline.service.progress import TaskView, view
 from ai_pipeline.service.review_page import build_review_router
 from ai_pipeline.service.tenants import Tenant, Tenants, load_tenants
@@ -44,7 +45,6 @@ API = "/api/v1"
 POLL_SECONDS = 0.5
 HEARTBEAT_SECONDS = 10
 FINAL_EVENT_ID = 1000  # after every progress event id (0–100)
-DEFAULT_ESTIMATE_SECONDS = 30
 
 
 class TextSubmission(BaseModel):
@@ -112,6 +112,7 @@ def create_app(settings: Settings | None = None, tenants: Tenants | None = None)
         "once, polling or server-sent events, one tenant's tasks invisible to every other.",
     )
     app.state.tenants = tenants
+    estimator = Estimator(store, config.llm_concurrency, config.section_chars)
     app.include_router(build_review_router(store, secrets.token_bytes(32)))
 
     async def in_thread(work: Callable[[], T]) -> T:
@@ -122,9 +123,6 @@ def create_app(settings: Settings | None = None, tenants: Tenants | None = None)
             str(request.url_for("get_task", task_id=task)),
             str(request.url_for("task_events", task_id=task)),
         )
-
-    def estimate() -> int:
-        return DEFAULT_ESTIMATE_SECONDS
 
     async def own_task(tenant: Tenant, task: str) -> TaskView:
         found = await in_thread(lambda: store.tasks.get(tenant.tenant_id, task))
@@ -177,13 +175,14 @@ def create_app(settings: Settings | None = None, tenants: Tenants | None = None)
             lambda: store.tasks.submit(tenant.tenant_id, task, doc, name)
         )
         current = await in_thread(lambda: view(store, row))
+        estimate = 0 if current.final else await in_thread(lambda: estimator.seconds(doc.text))
         poll, sse = urls(request, task)
         body = Submitted(
             task_id=task,
             status=current.doc.state.value,
             poll_url=poll,
             sse_url=sse,
-            estimated_seconds=0 if current.final else estimate(),
+            estimated_seconds=estimate,
         )
         return JSONResponse(body.model_dump(), status_code=202 if created else 200)
 

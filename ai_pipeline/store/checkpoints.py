@@ -73,6 +73,18 @@ class Checkpoints:
         )
         return int(self.db.read(lambda conn: conn.execute(query).scalar_one()))
 
+    def recent_latencies_ms(self, step_prefix: str, limit: int) -> list[int]:
+        """The LLM latency of the newest ``limit`` checkpoints whose step starts with
+        ``step_prefix`` (the submission service's estimate of a call's time)."""
+        query = (
+            sa.select(checkpoints.c.payload)
+            .where(checkpoints.c.step.startswith(step_prefix, autoescape=True))
+            .order_by(checkpoints.c.created_at.desc())
+            .limit(limit)
+        )
+        latencies = (_loads(r.payload).get("latency_ms") for r in self.db.rows(query))
+        return [int(ms) for ms in latencies if isinstance(ms, int | float)]
+
     def count(self, step: str | None = None) -> int:
         query = sa.select(sa.func.count()).select_from(checkpoints)
         if step:

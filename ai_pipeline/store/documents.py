@@ -162,6 +162,15 @@ class Documents:
             query = query.limit(limit)
         return [DocumentRow.from_row(r) for r in self.db.rows(query)]
 
+    def count_in(self, states: Iterable[State]) -> int:
+        """How many documents, of all, are in these states (the state column is indexed)."""
+        query = (
+            sa.select(sa.func.count())
+            .select_from(documents)
+            .where(documents.c.state.in_([s.value for s in states]))
+        )
+        return int(self.db.read(lambda conn: conn.execute(query).scalar_one()))
+
     def count_by_state(self, document_ids: Iterable[str]) -> dict[State, int]:
         """How many of these documents are in each state (one grouped query per chunk of ids)."""
         wanted = list(dict.fromkeys(document_ids))

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import dagster as dg
 import httpx
 import pytest
 
@@ -131,6 +132,46 @@ def test_a_submission_is_accepted_at_once_and_followed_to_completed(
     cancel = httpx.delete(f"{service.url}/api/v1/tasks/{task}", headers=auth("acme"), timeout=30)
     assert cancel.status_code == 409
     assert simulator.requests_for(task) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.daemon
+def test_submissions_stay_fast_while_runs_are_queued(
+    service: DagsterProcess,
+    daemon: DagsterProcess,
+    instance: dg.DagsterInstance,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the run queue full (one document per run, four runs at once, the rest QUEUED), a
+    submission still answers 202 at once: the service writes the results database and nothing
+    of Dagster's; the estimate counts the queue ahead. Every task then completes with one call."""
+    monkeypatch.setenv("AI_PIPELINE_DOCUMENTS_PER_RUN", "1")
+    with own_simulator(monkeypatch, latency_ms=2000, concurrency=1) as llm:
+        first = [submit(service.url, "acme", sample_text(7100 + i)) for i in range(10)]
+        assert [r.status_code for r in first] == [202] * 10
+        daemon.start()
+
+        def queued() -> list[dg.DagsterRun] | None:
+            filters = dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED])
+            return instance.get_runs(filters=filters) or None
+
+        wait_for(daemon, "runs waiting in the queue", queued, timeout=DONE_SECONDS)
+        timings, later = [], []
+        for i in range(10):
+            started = time.perf_counter()
+            response = submit(service.url, "acme", sample_text(7200 + i))
+            timings.append(time.perf_counter() - started)
+            assert response.status_code == 202, response.text
+            later.append(response.json())
+        still_queued = len(queued() or [])
+        timings.sort()
+        assert still_queued > 0, "the queue emptied while submitting: nothing was measured"
+        assert timings[len(timings) // 2] < 0.2 and timings[-1] < 1.0, timings
+        # Submitted behind the queue: the estimate says so.
+        assert later[-1]["estimated_seconds"] > first[0].json()["estimated_seconds"]
+        for task in [r.json()["task_id"] for r in first] + [b["task_id"] for b in later]:
+            wait_until(service, service.url, "acme", task, ["COMPLETED"])
+            assert llm.requests_for(task) == 1
 
 
 @pytest.mark.slow
