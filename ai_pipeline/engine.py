@@ -267,13 +267,15 @@ class Analyser:
     def _fail(self, doc: StoredDocument, failure: StageFailed, log: TaskLog) -> None:
         """Record a document's failure: its state, a failure event, and a person's queue if due."""
         document_id, task = doc.document_id, failure.task_id
+        # A call the budget stopped was never made: not an attempt, never the dead letter.
+        unsent = failure.category == Category.BUDGET_REACHED
         self._settle(
             document_id,
             State.FAILED,
             category=failure.category,
             error=failure.error,
             task_id=task,
-            count_attempt=True,
+            count_attempt=not unsent,
         )
         after = self.store.documents.get(document_id)
         attempts = after.attempts if after else 1
@@ -288,7 +290,7 @@ class Analyser:
         if failure.category.needs_person:
             send_to_review(self.store, doc, failure.category, failure.error, task)
         log.error(f"failed at {failure.stage}: {failure.category.value}: {failure.error}")
-        if failure.category.retryable and attempts >= self.retry_budget:
+        if failure.category.retryable and attempts >= self.retry_budget and not unsent:
             self.store.documents.transition(document_id, State.DEAD_LETTER)
             detail = f"{attempts} retryable failures (budget {self.retry_budget})"
             self.store.events.add_history(document_id, "DEAD_LETTER", detail, task_id=task)
@@ -344,6 +346,7 @@ class Analyser:
             verdict = self._evaluate(reply, text)
         else:
             reply, from_checkpoint, verdict = await self._sectioned(doc, task, sections, log)
+        spent = self.store.spend.for_documents([document_id]).get(document_id)
         events.append(
             StageDone(
                 document_id,
@@ -357,6 +360,9 @@ class Analyser:
                     "latency_ms": reply.latency_ms,
                     "from_checkpoint": from_checkpoint,
                     "source": doc.source,
+                    # Every attempt's cost so far, failed and repeated ones included.
+                    "cost_usd": round(spent.cost_usd, 6) if spent else 0.0,
+                    "llm_attempts": spent.attempts if spent else 0,
                 },
                 checks=tuple(verdict.outcomes),
             )

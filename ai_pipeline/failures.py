@@ -18,6 +18,8 @@ DUPLICATE_EXECUTION    business  no         the downstream already has it: done 
 BUSINESS_REJECTED      business  no         human review queue                          review
 RUN_INTERRUPTED        runtime   yes        its run ended first: rerun the document     retry
 DATABASE_UNAVAILABLE   runtime   yes        the results database stayed unreachable     retry
+BUDGET_REACHED         runtime   yes        not sent: over budget; a launch with budget  retry
+                                            continues it (not counted as an attempt)
 INTERNAL_ERROR         internal  no         a bug or an unexpected error: look at it    failed
 =====================  ========  =========  ==========================================  ===========
 
@@ -78,6 +80,7 @@ class Category(str, enum.Enum):
     BUSINESS_REJECTED = "BUSINESS_REJECTED"
     RUN_INTERRUPTED = "RUN_INTERRUPTED"
     DATABASE_UNAVAILABLE = "DATABASE_UNAVAILABLE"
+    BUDGET_REACHED = "BUDGET_REACHED"
     INTERNAL_ERROR = "INTERNAL_ERROR"
 
     @property
@@ -137,6 +140,12 @@ RULES: dict[Category, Rule] = {
     ),
     Category.DATABASE_UNAVAILABLE: Rule(
         Layer.RUNTIME, True, Disposition.RETRY, "the results database was unreachable; rerun it"
+    ),
+    Category.BUDGET_REACHED: Rule(
+        Layer.RUNTIME,
+        True,
+        Disposition.RETRY,
+        "the call was not sent (over budget); a later launch with budget continues it",
     ),
     Category.INTERNAL_ERROR: Rule(
         Layer.INTERNAL, False, Disposition.FAILED, "an unexpected error; see the run log"

@@ -71,6 +71,10 @@ def batches(document_ids: Sequence[str], size: int) -> list[list[str]]:
     return [list(document_ids[i : i + size]) for i in range(0, len(document_ids), size)]
 
 
+# The run tag of a batch's backfill and of its runs: the batch id.
+BATCH_TAG = "ai_pipeline/batch"
+
+
 def batch_key(document_ids: Iterable[str]) -> str:
     """A deterministic id for a set of documents (order does not matter)."""
     digest = hashlib.sha256("\n".join(sorted(document_ids)).encode("utf-8")).hexdigest()

@@ -24,9 +24,10 @@ import shlex
 import subprocess
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import openai
 
@@ -34,6 +35,24 @@ from ai_pipeline.failures import Category, ClassifiedError, category_for_status
 from ai_pipeline.prompts import ANALYSIS, Prompt
 from ai_pipeline.redaction import redact, register_secret
 from ai_pipeline.retry import AttemptFailure, Log, NullLog, Retrier, RetryHook, parse_retry_after
+
+
+class Meter(Protocol):
+    """What a client reports its spending to (``ai_pipeline.spend.Meter``): a reservation before
+    each request (raising ClassifiedError when none can be had), its usage after it."""
+
+    def reserve(self, task_id: str, model: str, messages: Sequence[Mapping[str, Any]]) -> Any: ...
+
+    def settle(
+        self,
+        reservation: Any,
+        *,
+        outcome: str = ...,
+        model: str | None = ...,
+        prompt_tokens: int | None = ...,
+        completion_tokens: int | None = ...,
+    ) -> Any: ...
+
 
 MAX_NETWORK_PROBES = 3
 
@@ -217,8 +236,10 @@ class LLMClient:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         on_failure: RetryHook | None = None,
+        meter: Meter | None = None,
     ):
         self.model = model
+        self.meter = meter
         self.prompt = prompt
         self.credentials = api_key if isinstance(api_key, Credentials) else Credentials(api_key)
         self.on_failure = on_failure
@@ -317,25 +338,47 @@ class LLMClient:
 
     async def _send(self, task_id: str, text: str) -> LLMReply:
         await self._limiter.acquire()
+        messages = self.prompt.messages(text)
         async with self._semaphore:
+            # Reserved only while in flight: a call waiting for a slot holds no budget.
+            reservation = self.meter.reserve(task_id, self.model, messages) if self.meter else None
             started = time.monotonic()
-            completion = await self._client.chat.completions.create(
-                model=self.model,
-                messages=self.prompt.messages(text),  # type: ignore[arg-type,call-overload]
-                temperature=0,
-                response_format={"type": "json_object"},
-                extra_headers={"Idempotency-Key": task_id},
+            try:
+                completion = await self._client.chat.completions.create(
+                    model=self.model,
+                    messages=messages,  # type: ignore[arg-type,call-overload]
+                    temperature=0,
+                    response_format={"type": "json_object"},
+                    extra_headers={"Idempotency-Key": task_id},
+                )
+            except BaseException as e:  # a cancelled call releases its reservation too
+                if self.meter is not None and reservation is not None:
+                    cancelled = isinstance(e, asyncio.CancelledError)
+                    self.meter.settle(
+                        reservation, outcome="CANCELLED" if cancelled else classify(e).value
+                    )
+                raise
+        usage = completion.usage
+        prompt_tokens = usage.prompt_tokens if usage else None
+        completion_tokens = usage.completion_tokens if usage else None
+        model = completion.model or self.model
+        if self.meter is not None and reservation is not None:
+            # Every reply's usage counts, whatever its checks say of it later.
+            self.meter.settle(
+                reservation,
+                model=model,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
             )
         choice = completion.choices[0] if completion.choices else None
         if choice is None:
             raise ClassifiedError(Category.SCHEMA_VIOLATION, "the reply has no choices")
-        usage = completion.usage
         return LLMReply(
             content=choice.message.content or "",
             finish_reason=choice.finish_reason,
-            model=completion.model or self.model,
-            prompt_tokens=usage.prompt_tokens if usage else None,
-            completion_tokens=usage.completion_tokens if usage else None,
+            model=model,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
             latency_ms=int((time.monotonic() - started) * 1000),
         )
 

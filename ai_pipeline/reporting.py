@@ -143,6 +143,7 @@ def build_report(
         "results_rows": len(results),
         "tokens": {"prompt": prompt_tokens, "completion": completion_tokens},
         "estimated_cost_usd": round(cost, 6),
+        "spend": spend_report(store),
         "failed_documents": [
             {
                 "document_id": r["document_id"],
@@ -155,6 +156,23 @@ def build_report(
         ]
         if total
         else [],
+    }
+
+
+def spend_report(store: Store, batches: int = 20) -> dict[str, Any]:
+    """What every LLM attempt cost (failed and repeated ones included, from the usage of each
+    reply): in all, by the failure category of the documents not completed, the re-analyses, and
+    per batch (the newest ``batches``)."""
+    return {
+        "total": store.spend.total().as_dict(),
+        "failures_by_category": {
+            k: v.as_dict() for k, v in sorted(store.spend.by_category().items())
+        },
+        "reanalyses": store.spend.reanalyses().as_dict(),
+        "by_batch": {
+            b.batch_id: {"name": b.name, **store.spend.total(b.document_ids).as_dict()}
+            for b in store.batches.newest(batches)
+        },
     }
 
 
@@ -174,6 +192,20 @@ def to_markdown(report: dict[str, Any]) -> str:
         _table("state", report["by_state"]),
         _table("failure category", report["by_category"]),
     ]
+    spend = report.get("spend")
+    if spend:
+        total = spend["total"]
+        lines.append(
+            f"**spent** ${total['cost_usd']:.4f} over {total['attempts']} LLM attempts "
+            f"({total['prompt_tokens'] + total['completion_tokens']} tokens); re-analyses "
+            f"${spend['reanalyses']['cost_usd']:.4f}"
+        )
+        lines.append("")
+        lines.append("| failure category | attempts | tokens | cost (USD) |\n|---|---|---|---|")
+        for category, t in spend["failures_by_category"].items():
+            tokens = t["prompt_tokens"] + t["completion_tokens"]
+            lines.append(f"| {category} | {t['attempts']} | {tokens} | {t['cost_usd']:.4f} |")
+        lines.append("")
     if report["failures_by_day"]:
         categories = sorted({c for day in report["failures_by_day"].values() for c in day})
         lines.append("| day | " + " | ".join(categories) + " |")

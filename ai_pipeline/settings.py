@@ -31,6 +31,7 @@ class Setting:
     env: str
     default: Any
     help: str
+    kind: type | None = None  # when the default (None) does not say it
 
 
 SETTINGS: dict[str, Setting] = {
@@ -122,6 +123,22 @@ SETTINGS: dict[str, Setting] = {
         6000,
         "a longer document is analysed in sections of at most this many characters",
     ),
+    "prices_file": Setting(
+        "AI_PIPELINE_PRICES_FILE",
+        None,
+        "per-model prices (JSON/YAML, USD per million tokens) over the packaged table",
+    ),
+    "run_budget_usd": Setting(
+        "AI_PIPELINE_RUN_BUDGET_USD", None, "no run spends more than this (USD)", float
+    ),
+    "run_budget_tokens": Setting(
+        "AI_PIPELINE_RUN_BUDGET_TOKENS", None, "no run spends more tokens than this", int
+    ),
+    "completion_reserve_tokens": Setting(
+        "AI_PIPELINE_COMPLETION_RESERVE_TOKENS",
+        1024,
+        "completion tokens a call reserves against a budget before it is sent",
+    ),
     "tenants_file": Setting(
         "AI_PIPELINE_TENANTS_FILE", None, "tenants and API keys of `ai-pipeline serve` (YAML/JSON)"
     ),
@@ -161,6 +178,10 @@ class Settings:
     nightly_cron: str
     timezone: str
     section_chars: int
+    prices_file: str | None
+    run_budget_usd: float | None
+    run_budget_tokens: int | None
+    completion_reserve_tokens: int
     tenants_file: str | None
     dagster_url: str
 
@@ -192,6 +213,9 @@ class Settings:
             )
         if self.llm_timeout_seconds <= 0:
             raise SettingsError("AI_PIPELINE_LLM_TIMEOUT must be > 0")
+        for budget in ("run_budget_usd", "run_budget_tokens"):
+            if (getattr(self, budget) or 0) < 0:
+                raise SettingsError(f"{SETTINGS[budget].env} must be ≥ 0")
         if self.db_retry_seconds < 0 or self.claim_wait_seconds < 0:
             raise SettingsError(
                 "AI_PIPELINE_DB_RETRY_SECONDS and AI_PIPELINE_CLAIM_WAIT_SECONDS must be ≥ 0"
@@ -208,6 +232,7 @@ _AT_LEAST_ONE = (
     "sensor_max_files",
     "sensor_interval_seconds",
     "section_chars",
+    "completion_reserve_tokens",
 )
 
 
@@ -218,7 +243,7 @@ def default_database_url() -> str:
 
 
 def _parse(setting: Setting, raw: str) -> Any:
-    kind = type(setting.default) if setting.default is not None else str
+    kind = setting.kind or (type(setting.default) if setting.default is not None else str)
     try:
         return kind(raw)
     except ValueError as e:

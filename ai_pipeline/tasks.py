@@ -42,6 +42,11 @@ def document_of(task: str) -> str:
     return task.split("-", 1)[0]
 
 
+def step_of(task: str) -> str:
+    """The step a task id was built for (``analyse``, ``analyse.s003``, ``notify``)."""
+    return task.split("-", 2)[1]
+
+
 class TaskLog:
     """Prefixes every line about a task with ``[TASK:<task id>]`` and redacts secrets from it."""
 

@@ -106,6 +106,16 @@ def cli(*argv: str) -> int:
     return main(list(argv))
 
 
+def latest_materialization(
+    instance: dg.DagsterInstance, asset_key: dg.AssetKey, document_id: str
+) -> Any:
+    """The event of one document's newest materialization of an asset."""
+    (record,) = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[document_id]), limit=1
+    ).records
+    return record.event_log_entry
+
+
 def statuses(instance: dg.DagsterInstance, asset_key: dg.AssetKey, keys: list[str]) -> dict:
     return dict(instance.get_status_by_partition(asset_key, keys, documents_partitions) or {})
 

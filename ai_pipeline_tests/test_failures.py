@@ -161,6 +161,7 @@ EXPECTED_LAYERS = {
     C.BUSINESS_REJECTED: Layer.BUSINESS,
     C.RUN_INTERRUPTED: Layer.RUNTIME,
     C.DATABASE_UNAVAILABLE: Layer.RUNTIME,
+    C.BUDGET_REACHED: Layer.RUNTIME,
     C.INTERNAL_ERROR: Layer.INTERNAL,
 }
 EXPECTED_DISPOSITIONS = {
@@ -176,6 +177,7 @@ EXPECTED_DISPOSITIONS = {
     C.BUSINESS_REJECTED: Disposition.REVIEW,
     C.RUN_INTERRUPTED: Disposition.RETRY,
     C.DATABASE_UNAVAILABLE: Disposition.RETRY,
+    C.BUDGET_REACHED: Disposition.RETRY,
     C.INTERNAL_ERROR: Disposition.FAILED,
 }
 NEEDS_PERSON = {
@@ -207,6 +209,7 @@ def test_taxonomy_row(category: Category) -> None:
         C.RATE_LIMIT_EXCEEDED,
         C.RUN_INTERRUPTED,
         C.DATABASE_UNAVAILABLE,
+        C.BUDGET_REACHED,
     )
     assert category.retryable is retryable
     assert category.rule.retryable is retryable

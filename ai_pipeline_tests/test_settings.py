@@ -49,6 +49,10 @@ def test_defaults_without_environment(monkeypatch: pytest.MonkeyPatch, tmp_path:
         nightly_cron="0 2 * * *",
         timezone="UTC",
         section_chars=6000,
+        prices_file=None,
+        run_budget_usd=None,
+        run_budget_tokens=None,
+        completion_reserve_tokens=1024,
         tenants_file=None,
         dagster_url="http://127.0.0.1:3000",
     )
@@ -175,3 +179,16 @@ def test_settings_are_read_at_load_time_not_import_time(monkeypatch: pytest.Monk
     assert Settings.load().model == "first"
     monkeypatch.setenv("AI_PIPELINE_MODEL", "second")
     assert Settings.load().model == "second"
+
+
+def test_budgets_are_typed_and_never_negative(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AI_PIPELINE_RUN_BUDGET_USD", "2.5")
+    monkeypatch.setenv("AI_PIPELINE_RUN_BUDGET_TOKENS", "100000")
+    s = Settings.load()
+    assert (s.run_budget_usd, s.run_budget_tokens) == (2.5, 100_000)
+    monkeypatch.setenv("AI_PIPELINE_RUN_BUDGET_TOKENS", "lots")
+    with pytest.raises(SettingsError, match="AI_PIPELINE_RUN_BUDGET_TOKENS"):
+        Settings.load()
+    monkeypatch.setenv("AI_PIPELINE_RUN_BUDGET_TOKENS", "-1")
+    with pytest.raises(SettingsError, match="≥ 0"):
+        Settings.load()

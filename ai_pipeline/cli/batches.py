@@ -9,10 +9,13 @@ from typing import Any
 from ai_pipeline.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
+    add_budget_flags,
     add_output_flags,
     add_wait_flags,
+    budget_of,
     launcher,
     print_json,
+    print_spend,
     store,
 )
 
@@ -24,11 +27,12 @@ def _print_batch(summary: dict[str, Any]) -> None:
     )
     for d, f in summary["failures"].items():
         print(f"  {d}  {f['category']}: {f['error']}")
+    print_spend(summary)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
     out = launcher(args).submit_batch(
-        Path(args.inbox), args.batch, wait=args.wait, timeout=args.timeout
+        Path(args.inbox), args.batch, wait=args.wait, timeout=args.timeout, budget=budget_of(args)
     )
     if args.json:
         print_json(out)
@@ -91,6 +95,7 @@ def add_commands(sub: Any) -> None:
     )
     p.add_argument("inbox", metavar="DIR")
     p.add_argument("--batch", required=True, metavar="NAME", help="a name for people")
+    add_budget_flags(p, "the batch (every run of it, now and later)")
     add_wait_flags(p, "the backfill")
     add_output_flags(p)
     p.set_defaults(func=cmd_submit)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import dagster as dg
 
     from ai_pipeline.defs.launch import Launcher
+    from ai_pipeline.spend import Budget
     from ai_pipeline.store import Store
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -125,6 +126,56 @@ def add_output_flags(p: argparse.ArgumentParser, *, verbose: bool = False) -> No
         p.add_argument("--verbose", action="store_true", help="show Dagster's run log too")
 
 
+def _positive(kind: type) -> Any:
+    def parse(raw: str) -> Any:
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{raw} must be > 0")
+        return value
+
+    return parse
+
+
+def add_budget_flags(p: argparse.ArgumentParser, what: str) -> None:
+    """``--budget-tokens`` and ``--budget-usd``: no call is sent that would take ``what`` past
+    either; the documents left are FAILED BUDGET_REACHED and continue in a later launch."""
+    p.add_argument(
+        "--budget-tokens",
+        type=_positive(int),
+        metavar="N",
+        help=f"at most N tokens for {what} (each call reserves its estimate first)",
+    )
+    p.add_argument(
+        "--budget-usd", type=_positive(float), metavar="USD", help=f"at most USD for {what}"
+    )
+
+
+def budget_of(args: argparse.Namespace) -> Budget | None:
+    from ai_pipeline.spend import Budget
+
+    return Budget.of(args.budget_tokens, args.budget_usd)
+
+
+def print_spend(report: dict[str, Any]) -> None:
+    spend, budget = report.get("spend"), report.get("budget")
+    if spend:
+        tokens = spend["prompt_tokens"] + spend["completion_tokens"]
+        print(
+            f"spent: {tokens:,} tokens over {spend['attempts']} LLM attempts, "
+            f"${spend['cost_usd']:.4f}"
+        )
+    if budget:
+        parts = []
+        if budget["limit_tokens"] is not None:
+            parts.append(f"{budget['spent_tokens']:,} of {budget['limit_tokens']:,} tokens")
+        if budget["limit_usd"] is not None:
+            parts.append(f"${budget['spent_usd']:.4f} of ${budget['limit_usd']:.4f}")
+        print(f"budget {budget['key']}: " + ", ".join(parts) + " spent")
+
+
 def add_wait_flags(p: argparse.ArgumentParser, what: str) -> None:
     """``--wait`` and ``--timeout`` for the commands that launch a backfill."""
     p.add_argument("--wait", action="store_true", help=f"wait for {what} to end, print the outcome")
@@ -219,6 +270,9 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"\nleft for the next run (changed too recently): {len(report['settling'])}")
         for path in report["settling"]:
             print(f"  {path}")
+    if report.get("spend") or report.get("budget"):
+        print()
+        print_spend(report)
 
 
 def emit(args: argparse.Namespace, report: dict[str, Any]) -> None:

@@ -10,7 +10,9 @@ from typing import Any
 from ai_pipeline.cli.common import (
     EXIT_OK,
     UsageError,
+    add_budget_flags,
     add_output_flags,
+    budget_of,
     emit,
     exit_code,
     launcher,
@@ -27,7 +29,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(
             "OPENAI_API_KEY is not set (use any value for a local endpoint that needs none)"
         )
-    report = launcher(args).process_inbox(Path(args.inbox), verbose=args.verbose)
+    report = launcher(args).process_inbox(
+        Path(args.inbox), verbose=args.verbose, budget=budget_of(args)
+    )
     emit(args, report)
     return exit_code(report)
 
@@ -98,6 +102,7 @@ def add_commands(sub: Any) -> None:
         "Exit code 0 when every document completed, 1 when some failed, 2 on a usage error.",
     )
     p.add_argument("--inbox", required=True, help="folder of documents (searched recursively)")
+    add_budget_flags(p, "this command (all its runs)")
     add_output_flags(p, verbose=True)
     p.set_defaults(func=cmd_run)
 

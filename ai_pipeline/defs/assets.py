@@ -34,8 +34,10 @@ from ai_pipeline.defs.logs import run_log
 from ai_pipeline.defs.partitions import documents_partitions
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.engine import STAGES, Analyser, StageDeferred, StageDone, StageFailed
+from ai_pipeline.intake import BATCH_TAG
 from ai_pipeline.notify import Notifier
 from ai_pipeline.reporting import build_report, chart_png, to_markdown
+from ai_pipeline.spend import Meter, Prices, run_budgets
 
 DOCUMENT_TEXT, LLM_ANALYSIS, VALIDATED_ANALYSIS, ANALYSIS_RESULTS, COMPLETION_NOTICE = (
     dg.AssetKey(s) for s in STAGES
@@ -107,9 +109,25 @@ def analyse_documents(
         notifier = Notifier(config.webhook_url)
     else:
         context.log.info("no webhook configured (AI_PIPELINE_WEBHOOK_URL): no notices sent")
+    store = results_store.get()
+    budgets = run_budgets(
+        store,
+        context.run.tags,
+        run_id=context.run.run_id,
+        batch_id=context.run.tags.get(BATCH_TAG),
+        tokens=config.run_budget_tokens,
+        usd=config.run_budget_usd,
+    )
+    meter = Meter(
+        store,
+        Prices.of(config),
+        run_id=context.run.run_id,
+        budget_keys=budgets,
+        completion_reserve=config.completion_reserve_tokens,
+    )
     analyser = Analyser(
-        results_store.get(),
-        llm.client(),
+        store,
+        llm.client(meter=meter),
         results_io_manager,
         log=run_log(context.log, context.run.tags),
         run_id=context.run.run_id,
@@ -138,6 +156,16 @@ def analyse_documents(
             context.log.info(
                 f"{done}/{len(document_ids)} documents processed, {len(failed)} failed"
             )
+    spent = store.spend.for_run(context.run.run_id)
+    spend_line = (
+        f"spent in this run: {spent.tokens:,} tokens over {spent.attempts} LLM attempts, "
+        f"${spent.cost_usd:.4f}"
+    )
+    for key in budgets:
+        state = store.spend.budget(key)
+        if state is not None:
+            spend_line += f"; budget {state.describe()}"
+    context.log.info(spend_line)
     if elsewhere:
         # Neither done nor failed here: the run that holds each reports it.
         context.log.warning(
@@ -153,8 +181,13 @@ def analyse_documents(
                 for _, f in sorted(failed.items())
             ),
             metadata={
-                d: dg.MetadataValue.text(f"{f.category.value} at {f.stage}: {f.error}"[:1000])
-                for d, f in sorted(failed.items())
+                "spend": dg.MetadataValue.text(spend_line),
+                "cost_usd": dg.MetadataValue.float(round(spent.cost_usd, 6)),
+                "tokens": dg.MetadataValue.int(spent.tokens),
+                **{
+                    d: dg.MetadataValue.text(f"{f.category.value} at {f.stage}: {f.error}"[:1000])
+                    for d, f in sorted(failed.items())
+                },
             },
             allow_retries=False,
         )
@@ -230,5 +263,11 @@ def failure_report(
             "failed": sum(v for k, v in report["by_state"].items() if k != "COMPLETED"),
             "estimated_cost_usd": report["estimated_cost_usd"],
             "tokens": report["tokens"]["prompt"] + report["tokens"]["completion"],
+            # Every attempt, failed and repeated ones included (the usage of each reply).
+            "spent_usd": report["spend"]["total"]["cost_usd"],
+            "failures_cost_usd": round(
+                sum(t["cost_usd"] for t in report["spend"]["failures_by_category"].values()), 6
+            ),
+            "reanalyses_cost_usd": report["spend"]["reanalyses"]["cost_usd"],
         }
     )

@@ -38,7 +38,6 @@ from ai_pipeline.store import Store
 from ai_pipeline.store.rows import DocumentRow
 
 BACKFILL_TAG = "ai_pipeline/backfill"
-BATCH_TAG = "ai_pipeline/batch"
 
 
 @dataclass(frozen=True)

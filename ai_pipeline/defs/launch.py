@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,7 +30,6 @@ import dagster as dg
 
 from ai_pipeline.defs.assets import ANALYSIS_RESULTS
 from ai_pipeline.defs.backfills import (
-    BATCH_TAG,
     active_backfill,
     launch_backfill,
     plan_failed_backfill,
@@ -43,12 +43,19 @@ from ai_pipeline.documents import display_path
 from ai_pipeline.errors import InputError
 from ai_pipeline.failures import Category
 from ai_pipeline.inbox import list_files
-from ai_pipeline.intake import batch_key, contiguous_ranges, register_files, unique_in_order
+from ai_pipeline.intake import (
+    BATCH_TAG,
+    batch_key,
+    contiguous_ranges,
+    register_files,
+    unique_in_order,
+)
 from ai_pipeline.progress import Progress
 from ai_pipeline.reconcile import RUN_OVER, reconcile
 from ai_pipeline.reporting import status_report
 from ai_pipeline.review import approve as record_approval
 from ai_pipeline.settings import Settings
+from ai_pipeline.spend import BUDGET_TAG, Budget, batch_budget_key
 from ai_pipeline.states import State
 from ai_pipeline.store import Store, open_store
 from ai_pipeline.store.rows import Decision, DocumentRow
@@ -220,10 +227,12 @@ class Launcher:
         ]
 
     def execute(
-        self, document_ids: Sequence[str], *, verbose: bool = False
+        self, document_ids: Sequence[str], *, verbose: bool = False, budget: str | None = None
     ) -> list[dict[str, Any]]:
         """Analyse documents in this process through Dagster, in range runs of contiguous
-        partitions; returns one ``{"run_id", "documents", "success"}`` per run."""
+        partitions, all under the budget ``budget`` names (when given); returns one
+        ``{"run_id", "documents", "success"}`` per run."""
+        budget_tags = {BUDGET_TAG: budget} if budget else {}
         job = self.definitions.resolve_job_def(ANALYSIS_JOB_NAME)
         ordered = self.instance.get_dynamic_partitions(PARTITIONS_NAME)
         ranges = contiguous_ranges(document_ids, ordered, self.settings.documents_per_run)
@@ -234,7 +243,7 @@ class Launcher:
                 result = job.execute_in_process(
                     instance=self.instance,
                     # In this process Dagster would mirror the compute log to the terminal.
-                    tags={**range_tags(batch), TASK_LINES_TAG: "events"},
+                    tags={**range_tags(batch), TASK_LINES_TAG: "events", **budget_tags},
                     raise_on_error=False,
                     # The run's events are in the instance (and the UI); the terminal gets the
                     # table.
@@ -250,13 +259,22 @@ class Launcher:
                 self.progress(f"run {i}/{len(ranges)}: {outcome}")
         return runs
 
-    def process_inbox(self, inbox: Path, *, verbose: bool = False) -> dict[str, Any]:
-        """Register the inbox's files and analyse every document not yet completed."""
+    def process_inbox(
+        self, inbox: Path, *, verbose: bool = False, budget: Budget | None = None
+    ) -> dict[str, Any]:
+        """Register the inbox's files and analyse every document not yet completed, within the
+        budget when one is given (one budget for the whole command, all its runs)."""
         registration = self.register_inbox(inbox)
         todo = self.not_done(registration.document_ids)
         self.progress(f"{len(todo)} to analyse")
-        runs = self.execute(todo, verbose=verbose)
+        key = None
+        if budget is not None and todo:
+            key = f"launch:{uuid.uuid4().hex}"
+            self.store.spend.set_budget(key, tokens=budget.tokens, usd=budget.usd)
+        runs = self.execute(todo, verbose=verbose, budget=key)
         report = self.outcome(registration.document_ids, [r["run_id"] for r in runs])
+        state = self.store.spend.budget(key) if key else None
+        spent = [self.store.spend.for_run(r["run_id"]) for r in runs]
         return {
             "inbox": display_path(inbox),
             "files": registration.files,
@@ -264,6 +282,13 @@ class Launcher:
             "settling": registration.settling,
             "runs": runs,
             **report,
+            "spend": {
+                "attempts": sum(t.attempts for t in spent),
+                "prompt_tokens": sum(t.prompt_tokens for t in spent),
+                "completion_tokens": sum(t.completion_tokens for t in spent),
+                "cost_usd": round(sum(t.cost_usd for t in spent), 6),
+            },
+            "budget": state.as_dict() if state else None,
         }
 
     def outcome(self, document_ids: Sequence[str], run_ids: Sequence[str]) -> dict[str, Any]:
@@ -325,14 +350,26 @@ class Launcher:
         return out
 
     def submit_batch(
-        self, inbox: Path, name: str, *, wait: bool = False, timeout: float = 1800
+        self,
+        inbox: Path,
+        name: str,
+        *,
+        wait: bool = False,
+        timeout: float = 1800,
+        budget: Budget | None = None,
     ) -> dict[str, Any]:
-        """Register a folder as a named batch and launch a backfill for what is pending."""
+        """Register a folder as a named batch and launch a backfill for what is pending. A budget
+        is the batch's: every run of it, at once or later, shares it; given again, it replaces
+        the limits (what was spent stays spent)."""
         document_ids = self.register_inbox(inbox).document_ids
         if not document_ids:
             raise InputError(f"{display_path(inbox)} holds no files")
         batch_id = batch_key(document_ids)
         self.store.batches.save(batch_id, name, document_ids)
+        if budget is not None:
+            self.store.spend.set_budget(
+                batch_budget_key(batch_id), tokens=budget.tokens, usd=budget.usd
+            )
         pending = self.not_done(document_ids)
         out: dict[str, Any] = {
             "pending_at_submit": len(pending),
@@ -366,6 +403,7 @@ class Launcher:
             raise InputError(f"no batch {batch_id}")
         ids = batch.document_ids
         docs = {d.document_id: d for d in self.store.documents.rows(ids)}
+        budget = self.store.spend.budget(batch_budget_key(batch_id))
         failed = [d for d in ids if docs[d].state in (State.FAILED, State.DEAD_LETTER)]
         succeeded = [d for d in ids if docs[d].state == State.COMPLETED]
         return {
@@ -377,6 +415,8 @@ class Launcher:
             "pending": len(ids) - len(succeeded) - len(failed),
             "failed_ids": failed,
             "failures": {d: _failure(docs[d]) for d in failed},
+            "spend": self.store.spend.total(ids).as_dict(),
+            "budget": budget.as_dict() if budget else None,
         }
 
     # --- review ------------------------------------------------------------------------------

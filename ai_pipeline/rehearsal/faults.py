@@ -169,6 +169,7 @@ class SimulatorState:
         self._api_keys = None if config.api_keys is None else set(config.api_keys)
         self._total = 0
         self._by_key: Counter[str] = Counter()
+        self._tokens_by_key: Counter[str] = Counter()
         self._by_status: Counter[str] = Counter()
         self._requests: deque[dict[str, Any]] = deque(maxlen=MAX_RECORDED_REQUESTS)
         self._in_flight = 0
@@ -185,6 +186,8 @@ class SimulatorState:
             return {
                 "total": self._total,
                 "by_key": dict(self._by_key),
+                "tokens_by_key": dict(self._tokens_by_key),
+                "tokens": sum(self._tokens_by_key.values()),
                 "by_status": dict(self._by_status),
                 "in_flight": self._in_flight,
                 "peak_in_flight": self._peak_in_flight,
@@ -200,6 +203,7 @@ class SimulatorState:
         with self._lock:
             self._total = 0
             self._by_key.clear()
+            self._tokens_by_key.clear()
             self._by_status.clear()
             self._requests.clear()
             self._peak_in_flight = self._in_flight
@@ -269,6 +273,11 @@ class SimulatorState:
                 record["fault"] = state.rule.kind
                 return _Admission(record, state.rule, index)
         return _Admission(record, None, None)
+
+    def add_usage(self, key: str, tokens: int) -> None:
+        """The tokens a reply reported (``usage.total_tokens``), per Idempotency-Key."""
+        with self._lock:
+            self._tokens_by_key[key] += tokens
 
     def finish(self, record: dict[str, Any], status: int | None, fault: str | None = None) -> None:
         """Record the outcome: an HTTP status, or None when the connection was reset."""

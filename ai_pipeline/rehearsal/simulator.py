@@ -224,9 +224,10 @@ def create_app(config: SimulatorConfig) -> Starlette:
             else:
                 content = json.dumps(analyse(text), ensure_ascii=False)
             state.finish(record, 200, builtin_fault)
-            return _completion(model, messages, content, finish_reason, fault_header)
+            return _completion(key, model, messages, content, finish_reason, fault_header)
 
     def _completion(
+        key: str,
         model: str | None,
         messages: list[dict[str, Any]],
         content: str,
@@ -235,6 +236,7 @@ def create_app(config: SimulatorConfig) -> Starlette:
     ) -> JSONResponse:
         prompt_tokens = sum(estimate_tokens(_message_text(m.get("content"))) for m in messages)
         completion_tokens = estimate_tokens(content)
+        state.add_usage(key, prompt_tokens + completion_tokens)
         request_id = uuid.uuid4().hex
         return JSONResponse(
             {
@@ -354,6 +356,10 @@ class SimulatorServer(BackgroundServer):
     def requests_for(self, key: str) -> int:
         """How many chat requests carried this Idempotency-Key ("" for none)."""
         return self.state.requests_for(key)
+
+    def tokens_for(self, key: str) -> int:
+        """The tokens the replies to this Idempotency-Key reported, all together."""
+        return int(self.stats()["tokens_by_key"].get(key, 0))
 
     def reset(self) -> None:
         self.state.reset()

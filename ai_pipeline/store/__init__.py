@@ -12,6 +12,7 @@ kind of thing stored:
 ``batches``         named sets of documents submitted together
 ``leases``          which run works on which task now: one owner per task
 ``tasks``           tasks submitted over HTTP and the tenant each belongs to
+``spend``           the usage and cost of every LLM attempt; budgets reserved before each call
 ==================  ==========================================================================
 
 Every call retries a lost connection for a while (``database``), then raises StoreUnavailable.
@@ -33,6 +34,7 @@ from ai_pipeline.store.events import Events
 from ai_pipeline.store.leases import Leases
 from ai_pipeline.store.results import Results
 from ai_pipeline.store.reviews import Reviews
+from ai_pipeline.store.spend import Spend
 from ai_pipeline.store.tasks import TenantTasks
 
 if TYPE_CHECKING:
@@ -55,6 +57,7 @@ class Store:
         self.batches = Batches(self.db)
         self.leases = Leases(self.db)
         self.tasks = TenantTasks(self.db, self.documents)
+        self.spend = Spend(self.db)
 
     @property
     def dialect(self) -> str:

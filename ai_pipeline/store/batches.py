@@ -35,3 +35,8 @@ class Batches:
     def get(self, batch_id: str) -> Batch | None:
         rows = self.db.rows(sa.select(batches).where(batches.c.batch_id == batch_id))
         return Batch.from_row(rows[0]) if rows else None
+
+    def newest(self, limit: int) -> list[Batch]:
+        """The most recently submitted batches, newest first."""
+        query = sa.select(batches).order_by(batches.c.updated_at.desc()).limit(limit)
+        return [Batch.from_row(r) for r in self.db.rows(query)]

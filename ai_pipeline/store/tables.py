@@ -194,3 +194,39 @@ tenant_tasks = sa.Table(
     sa.Column("name", sa.Text, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )
+
+# Every LLM response that reported usage (and every request refused or lost, with none): what
+# each attempt of each task cost, whatever became of its answer.
+llm_usage = sa.Table(
+    "llm_usage",
+    metadata,
+    sa.Column("id", sa.Integer, sa.Identity(), primary_key=True),
+    sa.Column("task_id", sa.String(128), nullable=False, index=True),
+    sa.Column("document_id", sa.String(64), nullable=False, index=True),
+    sa.Column("step", sa.String(32), nullable=False),
+    sa.Column("run_id", sa.String(64), nullable=True, index=True),
+    sa.Column("model", sa.String(128), nullable=False),
+    # "answer" for a reply (whatever its checks then said), else the request's failure category.
+    sa.Column("outcome", sa.String(32), nullable=False),
+    sa.Column("prompt_tokens", sa.Integer, nullable=False),
+    sa.Column("completion_tokens", sa.Integer, nullable=False),
+    sa.Column("cost_usd", sa.Float, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+# Spending limits shared by every run that names them (``batch:<id>``, ``run:<id>``,
+# ``launch:<id>``): a call reserves its estimate first, in one conditional UPDATE, and settles
+# its real usage afterwards.
+budgets = sa.Table(
+    "budgets",
+    metadata,
+    sa.Column("key", sa.String(96), primary_key=True),
+    sa.Column("limit_tokens", sa.Integer, nullable=True),
+    sa.Column("limit_usd", sa.Float, nullable=True),
+    sa.Column("reserved_tokens", sa.Integer, nullable=False, default=0),
+    sa.Column("reserved_usd", sa.Float, nullable=False, default=0.0),
+    sa.Column("spent_tokens", sa.Integer, nullable=False, default=0),
+    sa.Column("spent_usd", sa.Float, nullable=False, default=0.0),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)

@@ -40,6 +40,7 @@ from ai_pipeline_tests.support import (
     RANGE_END,
     RANGE_START,
     STATUS,
+    latest_materialization,
     launcher,
     make_inbox,
     process_inbox,
@@ -173,16 +174,6 @@ def backfill_ended(instance: dg.DagsterInstance, backfill_id: str) -> bool:
 
     backfill = instance.get_backfill(backfill_id)
     return backfill is not None and backfill.status in BULK_ACTION_TERMINAL_STATUSES
-
-
-def latest_materialization(
-    instance: dg.DagsterInstance, asset_key: dg.AssetKey, document_id: str
-) -> Any:
-    """The event of one document's newest materialization of an asset."""
-    (record,) = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[document_id]), limit=1
-    ).records
-    return record.event_log_entry
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:

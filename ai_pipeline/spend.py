@@ -1,0 +1,290 @@
+"""What LLM calls cost, and the budgets that stop them before they are exceeded.
+
+- :class:`Prices`: USD per million prompt and completion tokens, per model. A default table for
+  common OpenAI models is packaged (``data/prices.json``); ``AI_PIPELINE_PRICES_FILE`` (JSON or
+  YAML, the same shape) overrides and extends it; a model in neither is priced by the two
+  ``AI_PIPELINE_PRICE_PER_1K_*`` settings. A dated model name (``gpt-4o-mini-2024-07-18``) takes
+  the price of its longest listed prefix.
+- :func:`estimate_prompt_tokens`: tiktoken's count for a model it knows, when its encoding can be
+  loaded (it is downloaded once, or read from ``TIKTOKEN_CACHE_DIR``); otherwise an estimate that
+  errs high (one token per Han character, one per three other characters).
+- :class:`Meter`: one run's spending. Before each request it reserves the estimate (the prompt's
+  tokens plus ``completion_reserve`` completion tokens, and their price) against every budget the
+  run is under; when one would be exceeded the request is not sent (BUDGET_REACHED). After it, the
+  real usage is recorded for the attempt — whether the answer then passes its checks or not, and
+  for failed requests too — and settled against the budgets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ai_pipeline.failures import Category, ClassifiedError
+from ai_pipeline.settings import Settings, SettingsError
+from ai_pipeline.store import Store
+from ai_pipeline.store.spend import ANSWER, Usage
+from ai_pipeline.tasks import document_of, step_of
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_COMPLETION_RESERVE = 1024
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3000-\u303f\uff00-\uffef]")
+# Per message, the chat format adds a few tokens around the content; the reply is primed with 3.
+_PER_MESSAGE = 4
+_PRIMING = 3
+
+
+class PricesError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Price:
+    prompt_per_million: float
+    completion_per_million: float
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (
+            prompt_tokens * self.prompt_per_million
+            + completion_tokens * self.completion_per_million
+        ) / 1_000_000
+
+
+class Prices:
+    def __init__(self, models: Mapping[str, Price], fallback: Price):
+        self.models = dict(models)
+        self.fallback = fallback
+
+    @classmethod
+    def load(
+        cls,
+        prices_file: str | None = None,
+        *,
+        per_1k_prompt: float = 0.00015,
+        per_1k_completion: float = 0.0006,
+    ) -> Prices:
+        packaged = resources.files("ai_pipeline").joinpath("data/prices.json").read_text("utf-8")
+        models = _parse(json.loads(packaged), "the packaged price table")
+        if prices_file:
+            path = Path(prices_file)
+            try:
+                data = yaml.safe_load(path.read_text("utf-8"))
+            except (OSError, yaml.YAMLError) as e:
+                raise PricesError(f"AI_PIPELINE_PRICES_FILE {path}: {e}") from e
+            models.update(_parse(data, f"AI_PIPELINE_PRICES_FILE {path}"))
+        return cls(models, Price(per_1k_prompt * 1000, per_1k_completion * 1000))
+
+    @classmethod
+    def of(cls, settings: Settings) -> Prices:
+        """The settings' table: AI_PIPELINE_PRICES_FILE over the packaged one, the per-1k
+        settings for a model in neither; a bad file is a SettingsError naming it."""
+        try:
+            return cls.load(
+                settings.prices_file,
+                per_1k_prompt=settings.price_per_1k_prompt_tokens,
+                per_1k_completion=settings.price_per_1k_completion_tokens,
+            )
+        except PricesError as e:
+            raise SettingsError(str(e)) from e
+
+    def price(self, model: str) -> Price:
+        if model in self.models:
+            return self.models[model]
+        prefixes = [m for m in self.models if model.startswith(m)]
+        return self.models[max(prefixes, key=len)] if prefixes else self.fallback
+
+    def cost(self, model: str, prompt_tokens: int, completion_tokens: int) -> float:
+        return self.price(model).cost(prompt_tokens, completion_tokens)
+
+
+def _parse(data: Any, where: str) -> dict[str, Price]:
+    """``{"models": {name: {"prompt": usd_per_1M, "completion": usd_per_1M}}}``."""
+    models = data.get("models") if isinstance(data, dict) else None
+    if not isinstance(models, dict):
+        raise PricesError(f"{where}: expected a mapping 'models: {{name: {{prompt, completion}}}}'")
+    out = {}
+    for name, entry in models.items():
+        try:
+            out[str(name)] = Price(float(entry["prompt"]), float(entry["completion"]))
+        except (TypeError, KeyError, ValueError) as e:
+            raise PricesError(
+                f"{where}: model {name!r} needs numeric 'prompt' and 'completion' "
+                "(USD per million tokens)"
+            ) from e
+    return out
+
+
+# --- token estimates ------------------------------------------------------------------------
+
+_encodings: dict[str, Any] = {}
+_encodings_lock = threading.Lock()
+
+
+def _encoding(model: str) -> Any:
+    """tiktoken's encoding for a model, or None (not an OpenAI model, or not loadable here)."""
+    with _encodings_lock:
+        if model not in _encodings:
+            try:
+                import tiktoken
+
+                _encodings[model] = tiktoken.encoding_for_model(model)
+            except KeyError:
+                _encodings[model] = None
+            except Exception as e:  # no network and no cache: estimate instead, say so once
+                logger.warning(
+                    "tiktoken cannot load the encoding of %s (%s); estimating tokens from "
+                    "characters",
+                    model,
+                    type(e).__name__,
+                )
+                _encodings[model] = None
+        return _encodings[model]
+
+
+def estimate_text_tokens(text: str) -> int:
+    """Errs high against BPE tokenizers: each Han character is a token, and three other
+    characters are (English averages about four)."""
+    han = len(_HAN.findall(text))
+    return han + math.ceil((len(text) - han) / 3)
+
+
+def estimate_prompt_tokens(model: str, messages: Sequence[Mapping[str, Any]]) -> int:
+    encoding = _encoding(model)
+    contents = [str(m.get("content") or "") for m in messages]
+    if encoding is not None:
+        counted = sum(len(encoding.encode(c, disallowed_special=())) for c in contents)
+    else:
+        counted = sum(estimate_text_tokens(c) for c in contents)
+    return counted + _PER_MESSAGE * len(messages) + _PRIMING
+
+
+# --- a run's meter -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reservation:
+    task_id: str
+    model: str
+    tokens: int
+    usd: float
+
+
+class Meter:
+    """The spending of one run's calls: reserved against its budgets, recorded per attempt."""
+
+    def __init__(
+        self,
+        store: Store,
+        prices: Prices,
+        *,
+        run_id: str | None = None,
+        budget_keys: Sequence[str] = (),
+        completion_reserve: int = DEFAULT_COMPLETION_RESERVE,
+    ):
+        self.store = store
+        self.prices = prices
+        self.run_id = run_id
+        self.budget_keys = list(budget_keys)
+        self.completion_reserve = completion_reserve
+
+    def reserve(
+        self, task_id: str, model: str, messages: Sequence[Mapping[str, Any]]
+    ) -> Reservation:
+        """Reserve a request's estimate; raises BUDGET_REACHED (nothing reserved) when it would
+        take a budget past its limit."""
+        tokens = estimate_prompt_tokens(model, messages)
+        usd = self.prices.cost(model, tokens, self.completion_reserve)
+        tokens += self.completion_reserve
+        refused = self.store.spend.reserve(self.budget_keys, tokens, usd)
+        if refused is not None:
+            raise ClassifiedError(
+                Category.BUDGET_REACHED,
+                f"not sent: this call needs about {tokens:,} tokens (${usd:.4f}) and the budget "
+                f"would be exceeded — {refused.describe()}",
+            )
+        return Reservation(task_id, model, tokens, usd)
+
+    def settle(
+        self,
+        reservation: Reservation,
+        *,
+        outcome: str = ANSWER,
+        model: str | None = None,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+    ) -> Usage:
+        """Record what a request used (nothing reported: 0) and release its reservation."""
+        model = model or reservation.model
+        prompt, completion = prompt_tokens or 0, completion_tokens or 0
+        usage = Usage(
+            task_id=reservation.task_id,
+            document_id=document_of(reservation.task_id),
+            step=step_of(reservation.task_id),
+            model=model,
+            outcome=outcome,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            cost_usd=self.prices.cost(model, prompt, completion),
+            run_id=self.run_id,
+        )
+        self.store.spend.settle(self.budget_keys, reservation.tokens, reservation.usd, usage)
+        return usage
+
+
+# --- which budgets a run is under ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The limits a command sets (``--budget-tokens``, ``--budget-usd``); None: no limit."""
+
+    tokens: int | None = None
+    usd: float | None = None
+
+    @classmethod
+    def of(cls, tokens: int | None, usd: float | None) -> Budget | None:
+        return None if tokens is None and usd is None else cls(tokens, usd)
+
+
+# A run tag naming budgets (comma-separated keys) set by `run --budget-*`; a batch's budget is
+# found by the batch tag its backfill's runs carry.
+BUDGET_TAG = "ai_pipeline/budget"
+
+
+def batch_budget_key(batch_id: str) -> str:
+    return f"batch:{batch_id}"
+
+
+def run_budget_key(run_id: str) -> str:
+    return f"run:{run_id}"
+
+
+def run_budgets(
+    store: Store,
+    tags: Mapping[str, str],
+    *,
+    run_id: str | None,
+    batch_id: str | None,
+    tokens: int | None,
+    usd: float | None,
+) -> list[str]:
+    """The budgets a run reserves against: its own (the AI_PIPELINE_RUN_BUDGET_* settings, made
+    here), the ones its tag names, and its batch's when the batch has one."""
+    keys = []
+    if run_id and (tokens is not None or usd is not None):
+        keys.append(store.spend.set_budget(run_budget_key(run_id), tokens=tokens, usd=usd).key)
+    named = [k.strip() for k in tags.get(BUDGET_TAG, "").split(",") if k.strip()]
+    if batch_id:
+        named.append(batch_budget_key(batch_id))
+    return keys + store.spend.existing(named)

@@ -1,0 +1,116 @@
+"""Spend end to end: Dagster range runs, the openai SDK over HTTP, the simulator counting the tokens
+its replies reported. A budget stops calls before it is exceeded and a later launch with budget
+continues; every attempt's usage is recorded, failed and retried ones included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from ai_pipeline.defs.assets import LLM_ANALYSIS
+from ai_pipeline.failures import Category
+from ai_pipeline.spend import Budget
+from ai_pipeline.states import State
+from ai_pipeline.store.rows import ReviewStatus
+from ai_pipeline_tests.support import (
+    doc_id,
+    latest_materialization,
+    make_inbox,
+    process_inbox,
+    results_store,
+    sample_text,
+    task_of,
+)
+
+
+def _used(store, task: str) -> int:
+    return sum(a["prompt_tokens"] + a["completion_tokens"] for a in store.spend.attempts([task]))
+
+
+def test_a_token_budget_stops_calls_before_it_is_exceeded_and_a_later_launch_continues(
+    instance: dg.DagsterInstance, simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AI_PIPELINE_COMPLETION_RESERVE_TOKENS", "300")
+    texts = [sample_text(i) for i in range(12)]
+    inbox = make_inbox(tmp_path / "inbox", {f"d{i}.txt": t for i, t in enumerate(texts)})
+    ids = [doc_id(t) for t in texts]
+    budget = 2500
+
+    first = process_inbox(inbox, budget=Budget(tokens=budget))
+
+    spent_at_simulator = simulator.stats()["tokens"]
+    assert 0 < spent_at_simulator <= budget
+    store = results_store()
+    docs = {d.document_id: d for d in store.documents.rows(ids)}
+    done = [d for d in ids if docs[d].state == State.COMPLETED]
+    held = [d for d in ids if docs[d].state != State.COMPLETED]
+    assert done and held, "the budget should let some documents through and stop the others"
+    for d in held:
+        # Not sent, not an attempt, nobody's work: a later launch continues it.
+        assert (docs[d].state, docs[d].category, docs[d].attempts) == (
+            State.FAILED,
+            Category.BUDGET_REACHED,
+            0,
+        )
+        assert "budget" in (docs[d].last_error or "")
+        assert simulator.requests_for(task_of(d)) == 0
+    assert not [i for i in store.reviews.items(ReviewStatus.OPEN) if i.document_id in held]
+    # The command's budget holds exactly what the simulator counted, and says what is left.
+    assert first["budget"]["spent_tokens"] == spent_at_simulator
+    assert first["budget"]["limit_tokens"] == budget
+    assert first["spend"]["prompt_tokens"] + first["spend"]["completion_tokens"] == (
+        spent_at_simulator
+    )
+
+    second = process_inbox(inbox, budget=Budget(tokens=100_000))
+
+    assert second["counts"]["by_state"] == {"COMPLETED": len(ids)}
+    for d in ids:
+        assert simulator.requests_for(task_of(d)) == 1
+        assert _used(store, task_of(d)) == simulator.tokens_for(task_of(d))
+    assert second["budget"]["spent_tokens"] == simulator.stats()["tokens"] - spent_at_simulator
+
+
+def test_every_attempt_is_recorded_with_the_usage_the_simulator_reported(
+    instance: dg.DagsterInstance, simulator, tmp_path: Path
+) -> None:
+    """A refused answer, a low-confidence answer and two 503s before an answer: the tokens
+    recorded per task equal the simulator's; the failed requests are attempts of their own; the
+    materialization carries the document's cost over all its attempts."""
+    texts = {f"d{i}.txt": sample_text(100 + i) for i in range(4)}
+    make_inbox(tmp_path / "inbox", texts)
+    refused, low, flaky, fine = (task_of(doc_id(t)) for t in texts.values())
+    simulator.set_faults(
+        [
+            {"kind": "refuse", "match": refused},
+            {"kind": "low_confidence", "match": low},
+            {"kind": "status", "status": 503, "times": 2, "match": flaky},
+        ]
+    )
+
+    report = process_inbox(tmp_path / "inbox")
+
+    store = results_store()
+    states = {d["document_id"]: d["category"] for d in report["documents"]}
+    assert states[doc_id(texts["d0.txt"])] == "MODEL_REFUSAL"
+    assert states[doc_id(texts["d1.txt"])] == "LOW_CONFIDENCE"
+    for task in (refused, low, flaky, fine):
+        assert _used(store, task) == simulator.tokens_for(task) > 0
+    assert [a["outcome"] for a in store.spend.attempts([flaky])] == [
+        "NETWORK_TIMEOUT",
+        "NETWORK_TIMEOUT",
+        "answer",
+    ]
+    assert [a["outcome"] for a in store.spend.attempts([refused])] == ["answer"]
+    prices = store.spend.attempts([fine])[0]
+    assert prices["cost_usd"] > 0
+    failures = store.spend.by_category()
+    assert set(failures) == {"MODEL_REFUSAL", "LOW_CONFIDENCE"}
+    assert failures["MODEL_REFUSAL"].tokens == simulator.tokens_for(refused)
+    event = latest_materialization(instance, LLM_ANALYSIS, doc_id(texts["d3.txt"]))
+    metadata = event.asset_materialization.metadata
+    assert metadata["cost_usd"].value == pytest.approx(prices["cost_usd"], abs=1e-6)
+    assert metadata["llm_attempts"].value == 1
+    assert report["spend"]["attempts"] == 6
