@@ -95,16 +95,40 @@ _HTML_BLOCKS = (
 
 
 def _html_text(data: bytes, path: Path) -> str:
-    """The text a reader sees: no scripts, styles or title; a line per block, inline runs joined."""
+    """The page's main text: what a reader came for, without navigation bars, footers, cookie
+    banners or share buttons (trafilatura), headed by its title when the page shows one. A page
+    with no main text to find (a fragment, a list) keeps all its visible text. Scripts, styles,
+    templates and the <head> never count."""
     from bs4 import BeautifulSoup
 
     soup = BeautifulSoup(_decode(data, path), "html.parser")
     for tag in soup(list(_HTML_HIDDEN)):
         tag.decompose()
+    main = _main_text(str(soup))
     for tag in soup(list(_HTML_BLOCKS)):
         tag.insert_before("\n")
         tag.insert_after("\n")
-    return "\n".join(" ".join(line.split()) for line in soup.get_text().split("\n"))
+    visible = "\n".join(" ".join(line.split()) for line in soup.get_text().split("\n"))
+    if main is None:
+        return visible
+    text, title = main
+    if title and title in visible and not text.startswith(title):
+        text = f"{title}\n\n{text}"
+    return text
+
+
+def _main_text(html: str) -> tuple[str, str | None] | None:
+    import trafilatura
+
+    found = trafilatura.bare_extraction(
+        html, include_comments=False, include_tables=True, with_metadata=True
+    )
+    text = getattr(found, "text", None)
+    if not text or not text.strip():
+        return None
+    # One block a line there: paragraphs apart, as in every other format (sections cut at them).
+    paragraphs = "\n\n".join(line.strip() for line in text.split("\n") if line.strip())
+    return paragraphs, getattr(found, "title", None)
 
 
 def _pdf_text(data: bytes, path: Path) -> str:

@@ -54,6 +54,7 @@ from ai_pipeline.schema import (
     evaluate,
 )
 from ai_pipeline.sections import DEFAULT_SECTION_CHARS, Section, merge, split_sections
+from ai_pipeline.spend import count_tokens
 from ai_pipeline.states import IllegalTransition, State
 from ai_pipeline.store import Store
 from ai_pipeline.store.database import StoreUnavailable
@@ -336,6 +337,8 @@ class Analyser:
                     "kind": doc.kind,
                     "size_bytes": doc.size_bytes,
                     "characters": len(text),
+                    # What the analysis will pay for (tiktoken's count, or the estimate).
+                    "text_tokens": count_tokens(self.llm.model, text),
                 },
             )
         )

@@ -109,6 +109,8 @@ def classify(error: BaseException) -> Category:
 
 def describe(error: BaseException) -> str:
     """A one-line description of an SDK error, without request headers or keys."""
+    if isinstance(error, ClassifiedError):
+        return redact(error.message)[:500]
     if isinstance(error, openai.APIStatusError):
         message = error.message if isinstance(error.message, str) else str(error.message)
         text = f"HTTP {error.status_code}: {message}"

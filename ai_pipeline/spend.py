@@ -159,13 +159,16 @@ def estimate_text_tokens(text: str) -> int:
     return han + math.ceil((len(text) - han) / 3)
 
 
-def estimate_prompt_tokens(model: str, messages: Sequence[Mapping[str, Any]]) -> int:
+def count_tokens(model: str, text: str) -> int:
+    """A text's tokens for a model: tiktoken's count when it can, else the estimate."""
     encoding = _encoding(model)
-    contents = [str(m.get("content") or "") for m in messages]
     if encoding is not None:
-        counted = sum(len(encoding.encode(c, disallowed_special=())) for c in contents)
-    else:
-        counted = sum(estimate_text_tokens(c) for c in contents)
+        return len(encoding.encode(text, disallowed_special=()))
+    return estimate_text_tokens(text)
+
+
+def estimate_prompt_tokens(model: str, messages: Sequence[Mapping[str, Any]]) -> int:
+    counted = sum(count_tokens(model, str(m.get("content") or "")) for m in messages)
     return counted + _PER_MESSAGE * len(messages) + _PRIMING
 
 

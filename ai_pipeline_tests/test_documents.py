@@ -220,24 +220,44 @@ def test_markdown_and_htm_suffixes_map_to_md_and_html(tmp_path: Path) -> None:
                 "We use cookies",  # <script> at the end of <body>
                 "font-family",  # <style>
                 "--accent",
+                "Subscribe",  # the navigation bar
+                "All rights reserved",  # the footer
+                "Cookie settings",
             ],
         ),
         (
             "news-city-library-opening-zh.html",
             ["锦江区云杉图书馆正式开馆", "馆长吴佳琪"],
-            ["- 蓉城晚报网", "点击分享到朋友圈", "分享成功", "广告位加载完成", "PingFang SC"],
+            [
+                "- 蓉城晚报网",
+                "点击分享到朋友圈",
+                "分享成功",
+                "广告位加载完成",
+                "PingFang SC",
+                "下载客户端",  # the channel bar
+                "版权所有",  # the footer
+                "招聘信息",
+            ],
         ),
         (
             "product-review-brevana-espresso-machine.html",
             ["Brevana Duo 900"],
-            ["expensive disappointment | KitchenBench", "application/ld+json", "loadDeals", "{"],
+            [
+                "expensive disappointment | KitchenBench",
+                "application/ld+json",
+                "loadDeals",
+                "{",
+                "Newsletter",  # the navigation bar
+                "earns a commission",  # the footer
+            ],
         ),
     ],
 )
 def test_html_samples_keep_only_visible_text(
     name: str, present: list[str], absent: list[str]
 ) -> None:
-    """HTML pages keep their visible text and drop <title>, <script> and <style> content."""
+    """HTML pages keep their main text (headed by the title they show) and drop <title>,
+    <script> and <style> content, navigation bars and footers."""
     text = read_document(INBOX / name).text
     for phrase in present:
         assert phrase in text

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
@@ -170,6 +170,8 @@ class SimulatorState:
         self._total = 0
         self._by_key: Counter[str] = Counter()
         self._tokens_by_key: Counter[str] = Counter()
+        # The document text of the newest requests, per Idempotency-Key (what the model saw).
+        self._texts: OrderedDict[str, str] = OrderedDict()
         self._by_status: Counter[str] = Counter()
         self._requests: deque[dict[str, Any]] = deque(maxlen=MAX_RECORDED_REQUESTS)
         self._in_flight = 0
@@ -204,6 +206,7 @@ class SimulatorState:
             self._total = 0
             self._by_key.clear()
             self._tokens_by_key.clear()
+            self._texts.clear()
             self._by_status.clear()
             self._requests.clear()
             self._peak_in_flight = self._in_flight
@@ -260,6 +263,11 @@ class SimulatorState:
             self._total += 1
             self._by_key[key] += 1
             self._requests.append(record)
+            if text is not None:
+                self._texts[key] = text
+                self._texts.move_to_end(key)
+                while len(self._texts) > MAX_RECORDED_REQUESTS:
+                    self._texts.popitem(last=False)
             if not authorized or text is None:
                 return _Admission(record, None, None)
             for index, state in enumerate(self._rules):
@@ -273,6 +281,11 @@ class SimulatorState:
                 record["fault"] = state.rule.kind
                 return _Admission(record, state.rule, index)
         return _Admission(record, None, None)
+
+    def text_for(self, key: str) -> str | None:
+        """The document text the newest request with this key carried."""
+        with self._lock:
+            return self._texts.get(key)
 
     def add_usage(self, key: str, tokens: int) -> None:
         """The tokens a reply reported (``usage.total_tokens``), per Idempotency-Key."""

@@ -361,6 +361,10 @@ class SimulatorServer(BackgroundServer):
         """The tokens the replies to this Idempotency-Key reported, all together."""
         return int(self.stats()["tokens_by_key"].get(key, 0))
 
+    def text_for(self, key: str) -> str | None:
+        """The document text the newest request with this Idempotency-Key carried."""
+        return self.state.text_for(key)
+
     def reset(self) -> None:
         self.state.reset()
 

@@ -16,9 +16,11 @@ from ai_pipeline.defs.assets import (
 )
 from ai_pipeline.tasks import ANALYSE_STEP
 from ai_pipeline_tests.support import (
+    EXAMPLES,
     STATUS,
     doc_id,
     kill_when,
+    latest_materialization,
     launcher,
     make_inbox,
     process_inbox,
@@ -173,3 +175,42 @@ def test_sigkill_between_checkpoint_and_upsert(
     rows = store.results.get()
     assert sorted(r.document_id for r in rows) == sorted(ids)
     assert statuses(instance, ANALYSIS_RESULTS, ids) == {i: STATUS.MATERIALIZED for i in ids}
+
+
+def test_html_reaches_the_model_as_its_main_text_only(
+    instance: dg.DagsterInstance, simulator, tmp_path: Path
+) -> None:
+    """The sample news and review pages, analysed: the text the simulator received has the
+    article and none of the navigation bar or footer; the token counts are in the metadata."""
+    pages = {
+        "news-offshore-wind-farm-approval.html": (
+            "Skagen Reef wind farm wins approval",
+            ["Subscribe", "Opinion", "All rights reserved", "Contact the newsroom"],
+        ),
+        "news-city-library-opening-zh.html": (
+            "云杉图书馆正式向公众开放",
+            ["下载客户端", "版权所有"],
+        ),
+        "product-review-brevana-espresso-machine.html": (
+            "twin boilers",
+            ["Newsletter", "Deals", "earns a commission", "Terms"],
+        ),
+    }
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for name in pages:
+        (inbox / name).write_bytes((EXAMPLES / "inbox" / name).read_bytes())
+
+    report = process_inbox(inbox)
+
+    assert report["counts"]["by_state"] == {"COMPLETED": 3}
+    by_source = {Path(d["source"]).name: d["document_id"] for d in report["documents"]}
+    for name, (kept, dropped) in pages.items():
+        document_id = by_source[name]
+        seen = simulator.text_for(task_of(document_id))
+        assert seen is not None and kept in seen
+        assert [p for p in dropped if p in seen] == [], name
+        text_event = latest_materialization(instance, DOCUMENT_TEXT, document_id)
+        assert text_event.asset_materialization.metadata["text_tokens"].value > 0
+        analysis = latest_materialization(instance, LLM_ANALYSIS, document_id)
+        assert analysis.asset_materialization.metadata["prompt_tokens"].value > 0

@@ -11,13 +11,17 @@ import pytest
 
 from ai_pipeline.defs.assets import LLM_ANALYSIS
 from ai_pipeline.failures import Category
-from ai_pipeline.spend import Budget
+from ai_pipeline.intake import BATCH_TAG, batch_key
+from ai_pipeline.spend import Budget, batch_budget_key
 from ai_pipeline.states import State
 from ai_pipeline.store.rows import ReviewStatus
+from ai_pipeline_tests.dagster_procs import DagsterProcess
 from ai_pipeline_tests.support import (
+    cli,
     doc_id,
     latest_materialization,
     make_inbox,
+    own_simulator,
     process_inbox,
     results_store,
     sample_text,
@@ -114,3 +118,51 @@ def test_every_attempt_is_recorded_with_the_usage_the_simulator_reported(
     assert metadata["cost_usd"].value == pytest.approx(prices["cost_usd"], abs=1e-6)
     assert metadata["llm_attempts"].value == 1
     assert report["spend"]["attempts"] == 6
+
+
+@pytest.mark.slow
+@pytest.mark.daemon
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_concurrent_runs_of_one_batch_share_its_budget(
+    instance: dg.DagsterInstance,
+    daemon: DagsterProcess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``submit --batch --budget-tokens N`` under a real daemon: the batch's backfill runs four
+    runs at once, each reserving against the batch's one budget; the simulator's count stays
+    within N, and re-submitting with a larger budget finishes the rest, one call each."""
+    monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "4")
+    monkeypatch.setenv("AI_PIPELINE_COMPLETION_RESERVE_TOKENS", "300")
+    texts = [sample_text(300 + i) for i in range(16)]
+    inbox = make_inbox(tmp_path / "inbox", {f"d{i}.txt": t for i, t in enumerate(texts)})
+    ids = [doc_id(t) for t in texts]
+    budget = 3000
+    with own_simulator(monkeypatch, latency_ms=4000, concurrency=1) as llm:
+        daemon.start()
+        submit = ["submit", str(inbox), "--batch", "capped", "--wait", "--json"]
+        assert cli(*submit, "--budget-tokens", str(budget)) == 1
+
+        assert 0 < llm.stats()["tokens"] <= budget
+        runs = instance.get_runs(dg.RunsFilter(tags={BATCH_TAG: batch_key(ids)}))
+        assert len(runs) == 4
+        records = instance.get_run_records(dg.RunsFilter(run_ids=[r.run_id for r in runs]))
+        store = results_store()
+        # Runs that made calls, and overlapped: they reserved against the budget at once.
+        paying = sorted(
+            (r.start_time, r.end_time)
+            for r in records
+            if store.spend.for_run(r.dagster_run.run_id).attempts
+        )
+        assert len(paying) >= 2, paying
+        assert any(b[0] < a[1] for a, b in zip(paying, paying[1:], strict=False)), paying
+        docs = {d.document_id: d for d in store.documents.rows(ids)}
+        held = [d for d in ids if docs[d].category == Category.BUDGET_REACHED]
+        assert held and len(held) < len(ids)
+        state = store.spend.budget(batch_budget_key(batch_key(ids)))
+        assert state is not None and state.spent_tokens == llm.stats()["tokens"]
+        assert state.reserved_tokens == 0
+
+        assert cli(*submit, "--budget-tokens", str(budget * 10)) == 0
+        assert {d.state for d in store.documents.rows(ids)} == {State.COMPLETED}
+        assert all(llm.requests_for(task_of(d)) == 1 for d in ids)
