@@ -6,6 +6,7 @@ imports from another.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -114,6 +115,15 @@ def latest_materialization(
         dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[document_id]), limit=1
     ).records
     return record.event_log_entry
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    """``ai-pipeline ARGV`` in this process: exit code and the JSON it printed."""
+    capsys.readouterr()
+    from ai_pipeline.cli import main
+
+    code = main(list(argv))
+    return code, json.loads(capsys.readouterr().out)
 
 
 def statuses(instance: dg.DagsterInstance, asset_key: dg.AssetKey, keys: list[str]) -> dict:

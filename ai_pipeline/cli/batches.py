@@ -85,6 +85,27 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    story = launcher(args).trace(args.id)
+    if args.json:
+        print_json(story)
+        return EXIT_OK
+    spend = story["spend"]
+    print(
+        f"document {story['document_id']}  {story['state']}"
+        + (f" {story['category']}" if story["category"] else "")
+        + f"  ({', '.join(story['sources'])})"
+    )
+    print(
+        f"spent {spend['prompt_tokens'] + spend['completion_tokens']} tokens over "
+        f"{spend['attempts']} LLM attempts, ${spend['cost_usd']:.6f}"
+    )
+    for e in story["events"]:
+        where = " ".join(f"{k}={e[k]}" for k in ("run_id", "task_id") if e.get(k) and k in e)
+        print(f"{e['at'][:23]}  {e['kind']:<13}  {e['detail']}" + (f"  [{where}]" if where else ""))
+    return EXIT_OK
+
+
 def add_commands(sub: Any) -> None:
     p = sub.add_parser(
         "submit",
@@ -109,6 +130,18 @@ def add_commands(sub: Any) -> None:
     p.add_argument("batch_id", metavar="BATCH_ID")
     add_output_flags(p)
     p.set_defaults(func=cmd_batch)
+
+    p = sub.add_parser(
+        "trace",
+        help="a document's whole story in time order, from its id or a task id",
+        description="Everything known of one document, oldest first: its registration and "
+        "aliases, each run, every LLM attempt (outcome, tokens, cost), each retry and failure "
+        "with its category and layer, the checks, the checkpoints, review decisions, messages "
+        "and notices. ID is a document id or any of its task ids.",
+    )
+    p.add_argument("id", metavar="ID")
+    add_output_flags(p)
+    p.set_defaults(func=cmd_trace)
 
     p = sub.add_parser(
         "report",

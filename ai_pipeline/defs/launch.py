@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,7 @@ from ai_pipeline.spend import BUDGET_TAG, Budget, batch_budget_key
 from ai_pipeline.states import State
 from ai_pipeline.store import Store, open_store
 from ai_pipeline.store.rows import Decision, DocumentRow
+from ai_pipeline.trace import trace
 
 QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
@@ -79,6 +80,11 @@ class Registration:
 
 def _failure(doc: DocumentRow) -> dict[str, Any]:
     return {"category": doc.category.value if doc.category else None, "error": doc.last_error}
+
+
+def _at(timestamp: float, kind: str, detail: str, **fields: Any) -> dict[str, Any]:
+    at = datetime.fromtimestamp(timestamp, tz=timezone.utc)
+    return {"at": at.isoformat(), "kind": kind, "detail": detail, **fields}
 
 
 def returned(
@@ -418,6 +424,48 @@ class Launcher:
             "spend": self.store.spend.total(ids).as_dict(),
             "budget": budget.as_dict() if budget else None,
         }
+
+    # --- tracing -----------------------------------------------------------------------------
+
+    def trace(self, any_id: str) -> dict[str, Any]:
+        """A document's story (``ai_pipeline.trace``) with what Dagster holds of it: each of its
+        runs (status, start, end) and every check evaluated on its partition."""
+        story = trace(self.store, any_id)
+        document_id = story["document_id"]
+        events = story["events"]
+        runs = []
+        records = self.instance.get_run_records(dg.RunsFilter(run_ids=story["runs"]))
+        for record in records if story["runs"] else []:
+            run = record.dagster_run
+            runs.append({"run_id": run.run_id, "status": run.status.value})
+            for at, what in ((record.start_time, "started"), (record.end_time, "ended")):
+                if at is not None:
+                    detail = f"run {what}" + (f": {run.status.value}" if what == "ended" else "")
+                    events.append(_at(at, "run", detail, run_id=run.run_id))
+            checks = self.instance.get_records_for_run(
+                run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION, limit=100_000
+            ).records
+            for entry in (c.event_log_entry for c in checks):
+                event = entry.dagster_event
+                evaluation = event.event_specific_data if event else None
+                if (
+                    not isinstance(evaluation, dg.AssetCheckEvaluation)
+                    or evaluation.partition != document_id
+                ):
+                    continue
+                verdict = "passed" if evaluation.passed else "FAILED"
+                events.append(
+                    _at(
+                        entry.timestamp,
+                        "check",
+                        f"{evaluation.check_name}: {verdict}",
+                        run_id=run.run_id,
+                        passed=evaluation.passed,
+                    )
+                )
+        events.sort(key=lambda e: e["at"])
+        story["dagster_runs"] = runs
+        return story
 
     # --- review ------------------------------------------------------------------------------
 

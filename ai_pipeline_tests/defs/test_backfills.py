@@ -13,7 +13,6 @@ at its ``parametrize``); the schedule function, which needs no daemon, runs on b
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from ai_pipeline_tests.support import (
     make_inbox,
     process_inbox,
     results_store,
+    run_cli,
     sample_text,
     statuses,
     task_of,
@@ -174,13 +174,6 @@ def backfill_ended(instance: dg.DagsterInstance, backfill_id: str) -> bool:
 
     backfill = instance.get_backfill(backfill_id)
     return backfill is not None and backfill.status in BULK_ACTION_TERMINAL_STATUSES
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
-    """``ai-pipeline ARGV`` in this process: exit code and the JSON it printed."""
-    capsys.readouterr()
-    code = main(list(argv))
-    return code, json.loads(capsys.readouterr().out)
 
 
 # --- the processes --------------------------------------------------------------------------------
