@@ -239,6 +239,23 @@ class Analyser:
             events.append(StageFailed(document_id, stage, Category.INTERNAL_ERROR, message, task))
         failure = next((e for e in events if isinstance(e, StageFailed)), None)
         if previous == State.COMPLETED:
+            # Done before. Under a new task (a new prompt version or model) it was analysed again:
+            # the new analysis replaced the old (kept in the results history); a failure keeps
+            # the old one, and is recorded.
+            if failure is None and doc.task_id not in (None, task):
+                self.store.documents.set_task_id(document_id, task)
+                detail = f"{doc.task_id} replaced by {task}"
+                self.store.events.add_history(document_id, "REANALYSED", detail, task_id=task)
+                log.info(f"analysed again: {detail}")
+            elif failure is not None:
+                self.store.events.record_failure(
+                    document_id,
+                    failure.category,
+                    f"re-analysis failed, the earlier analysis stays: {failure.error}",
+                    task_id=failure.task_id,
+                    run_id=self.run_id,
+                    attempt=doc.attempts,
+                )
             return events
         try:
             if failure is None:

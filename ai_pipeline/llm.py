@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import openai
 
 from ai_pipeline.failures import Category, ClassifiedError, category_for_status
-from ai_pipeline.prompts import ANALYSIS, Prompt
+from ai_pipeline.prompts import Prompt, current_analysis
 from ai_pipeline.redaction import redact, register_secret
 from ai_pipeline.retry import AttemptFailure, Log, NullLog, Retrier, RetryHook, parse_retry_after
 
@@ -234,7 +234,7 @@ class LLMClient:
         timeout_seconds: float = 60.0,
         max_concurrency: int = 8,
         requests_per_minute: int | None = None,
-        prompt: Prompt = ANALYSIS,
+        prompt: Prompt | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         on_failure: RetryHook | None = None,
@@ -242,7 +242,7 @@ class LLMClient:
     ):
         self.model = model
         self.meter = meter
-        self.prompt = prompt
+        self.prompt = prompt or current_analysis()
         self.credentials = api_key if isinstance(api_key, Credentials) else Credentials(api_key)
         self.on_failure = on_failure
         self._retrier = Retrier(sleep=sleep, clock=clock)

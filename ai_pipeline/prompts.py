@@ -46,3 +46,9 @@ ANALYSIS = Prompt(
     ),
     user_template=f"{DOCUMENT_START}\n{{text}}\n{DOCUMENT_END}",
 )
+
+
+def current_analysis() -> Prompt:
+    """The analysis prompt in use, read when asked (a process that changes it, as a release or
+    a test does, changes every task id built after)."""
+    return ANALYSIS

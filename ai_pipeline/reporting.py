@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from ai_pipeline.prompts import current_analysis
 from ai_pipeline.settings import Settings
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
@@ -46,7 +47,8 @@ def status_report(
     ids = [d.document_id for d in docs]
     sources = store.documents.sources(ids)
     results = {r.document_id: r for r in store.results.get(ids)}
-    rows = [_status_row(d, sources, results.get(d.document_id)) for d in docs]
+    current = current_versions()
+    rows = [_status_row(d, sources, results.get(d.document_id), current) for d in docs]
     if document_ids is not None:
         by_state = dict(sorted(Counter(r["state"] for r in rows).items()))
         by_category = dict(
@@ -67,14 +69,31 @@ def status_report(
         omitted = in_states - len(rows)
     else:
         omitted = 0
+    if document_ids is not None:
+        stale = sum(1 for r in rows if r["stale"])
+    else:
+        stale = sum(store.results.count_stale(*current).values())
     return {
         "documents": rows,
         "omitted": omitted,
-        "counts": {"total": total, "by_state": by_state, "by_category": by_category},
+        "counts": {
+            "total": total,
+            "by_state": by_state,
+            "by_category": by_category,
+            "stale": stale,
+        },
     }
 
 
-def _status_row(d: DocumentRow, sources: dict[str, list[str]], result: Any) -> dict[str, Any]:
+def current_versions(settings: Settings | None = None) -> tuple[str, str]:
+    """The prompt version and model new analyses are made under; results made under others
+    are stale (``backfill --stale`` makes them again)."""
+    return current_analysis().version, (settings or Settings.load()).model
+
+
+def _status_row(
+    d: DocumentRow, sources: dict[str, list[str]], result: Any, current: tuple[str, str]
+) -> dict[str, Any]:
     return {
         "document_id": d.document_id,
         "source": d.source,
@@ -88,6 +107,7 @@ def _status_row(d: DocumentRow, sources: dict[str, list[str]], result: Any) -> d
         "rejected_by_reviewer": d.rejected_by_reviewer,
         "summary": result.summary if result else None,
         "sentiment": result.sentiment if result else None,
+        "stale": bool(result) and (result.prompt_version, result.model) != current,
         "updated_at": d.updated_at.isoformat(),
     }
 
@@ -144,6 +164,7 @@ def build_report(
         "tokens": {"prompt": prompt_tokens, "completion": completion_tokens},
         "estimated_cost_usd": round(cost, 6),
         "spend": spend_report(store),
+        "stale": store.results.count_stale(*current_versions(settings)),
         "failed_documents": [
             {
                 "document_id": r["document_id"],
@@ -192,6 +213,10 @@ def to_markdown(report: dict[str, Any]) -> str:
         _table("state", report["by_state"]),
         _table("failure category", report["by_category"]),
     ]
+    if report.get("stale"):
+        stale = ", ".join(f"{n} under {shape}" for shape, n in report["stale"].items())
+        lines.append(f"**stale analyses** (another prompt version or model): {stale}")
+        lines.append("")
     spend = report.get("spend")
     if spend:
         total = spend["total"]

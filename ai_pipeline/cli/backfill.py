@@ -37,15 +37,22 @@ def _since(value: str | None) -> datetime | None:
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
-    if not args.failed:
-        raise UsageError("say what to backfill: --failed (the only selection there is)")
-    out = launcher(args).backfill_failed(
-        categories=categories(args.category),
-        since=_since(args.since),
-        dry_run=args.dry_run,
-        wait=args.wait,
-        timeout=args.timeout,
-    )
+    if args.failed == args.stale:
+        raise UsageError("say what to backfill: --failed or --stale (one of them)")
+    if args.stale and (args.category or args.since):
+        raise UsageError("--category and --since select failed documents: use them with --failed")
+    if args.stale:
+        out = launcher(args).backfill_stale(
+            dry_run=args.dry_run, wait=args.wait, timeout=args.timeout
+        )
+    else:
+        out = launcher(args).backfill_failed(
+            categories=categories(args.category),
+            since=_since(args.since),
+            dry_run=args.dry_run,
+            wait=args.wait,
+            timeout=args.timeout,
+        )
     if args.json:
         print_json(out)
     else:
@@ -87,13 +94,20 @@ def cmd_requeue(args: argparse.Namespace) -> int:
 def add_commands(sub: Any) -> None:
     p = sub.add_parser(
         "backfill",
-        help="rerun failed documents as a Dagster backfill",
+        help="rerun failed (or stale) documents as a Dagster backfill",
         description="Select documents that failed (in Dagster or here), by category and time, and "
         "launch a real Dagster backfill for them (the daemon runs it; it shows on the UI's "
         f"Backfills page). By default the categories that need a person are left out "
-        f"({NEEDS_PERSON}); DEAD_LETTER documents always are.",
+        f"({NEEDS_PERSON}); DEAD_LETTER documents always are. --stale selects instead the "
+        "completed documents analysed under another prompt version or model than now: each "
+        "makes one new call, and its earlier analysis is kept in the results history.",
     )
-    p.add_argument("--failed", action="store_true", help="select failed documents (required)")
+    p.add_argument("--failed", action="store_true", help="select failed documents")
+    p.add_argument(
+        "--stale",
+        action="store_true",
+        help="select documents analysed under another prompt version or model",
+    )
     p.add_argument("--category", action="append", metavar="C", help="only this category")
     p.add_argument("--since", metavar="T", help="only documents that failed at or after T (ISO)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, launch nothing")

@@ -245,6 +245,11 @@ def print_table(report: dict[str, Any]) -> None:
         print(
             "failed by category: " + ", ".join(f"{k} {v}" for k, v in counts["by_category"].items())
         )
+    if counts.get("stale"):
+        print(
+            f"stale: {counts['stale']} analyses made under another prompt version or model "
+            "(ai-pipeline backfill --stale makes them again)"
+        )
     elsewhere = {d["document_id"]: d["run_id"] for d in report.get("in_progress_elsewhere", [])}
     settled = (State.COMPLETED.value, State.PENDING.value)
     failed = [

@@ -36,6 +36,7 @@ from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsSto
 from ai_pipeline.engine import STAGES, Analyser, StageDeferred, StageDone, StageFailed
 from ai_pipeline.intake import BATCH_TAG
 from ai_pipeline.notify import Notifier
+from ai_pipeline.prompts import current_analysis
 from ai_pipeline.reporting import build_report, chart_png, to_markdown
 from ai_pipeline.spend import Meter, Prices, run_budgets
 
@@ -75,6 +76,8 @@ def _specs() -> list[dg.AssetSpec]:
             skippable=True,
             partitions_def=documents_partitions,
             kinds={"sql"} if stage == "analysis_results" else {"python"},
+            # What the analysis depends on: a new prompt version is new code for these.
+            code_version=None if stage == "document_text" else current_analysis().version,
         )
         if stage == "analysis_results":
             spec = spec.with_io_manager_key("results_io_manager")
@@ -269,5 +272,7 @@ def failure_report(
                 sum(t["cost_usd"] for t in report["spend"]["failures_by_category"].values()), 6
             ),
             "reanalyses_cost_usd": report["spend"]["reanalyses"]["cost_usd"],
+            # Analyses made under another prompt version or model: `backfill --stale`.
+            "stale_analyses": sum(report["stale"].values()),
         }
     )

@@ -52,7 +52,7 @@ from ai_pipeline.intake import (
 )
 from ai_pipeline.progress import Progress
 from ai_pipeline.reconcile import RUN_OVER, reconcile
-from ai_pipeline.reporting import status_report
+from ai_pipeline.reporting import current_versions, status_report
 from ai_pipeline.review import approve as record_approval
 from ai_pipeline.settings import Settings
 from ai_pipeline.spend import BUDGET_TAG, Budget, batch_budget_key
@@ -353,6 +353,47 @@ class Launcher:
         if wait:
             out["status"] = self._wait(out["backfill_id"], plan.document_ids, timeout)
             out.update(status_report(self.store, plan.document_ids))
+        return out
+
+    def backfill_stale(
+        self, *, dry_run: bool = False, wait: bool = False, timeout: float = 1800
+    ) -> dict[str, Any]:
+        """Plan (and unless ``dry_run`` launch) a backfill of the completed documents whose
+        analysis was made under another prompt version or model: their new task ids make new
+        calls, and the analyses they replace stay in the results history."""
+        version, model = current_versions(self.settings)
+        stale = self.store.results.stale(version, model)
+        docs = {d.document_id: d for d in self.store.documents.rows(r.document_id for r in stale)}
+        selected = [
+            {
+                "document_id": r.document_id,
+                "source": docs[r.document_id].source,
+                "category": None,
+                "prompt_version": r.prompt_version,
+                "model": r.model,
+            }
+            for r in stale
+            if r.document_id in docs and docs[r.document_id].state == State.COMPLETED
+        ]
+        ids: list[str] = [str(d["document_id"]) for d in selected]
+        out: dict[str, Any] = {
+            "dry_run": dry_run,
+            "current": {"prompt_version": version, "model": model},
+            "selected": selected,
+            "skipped": [],
+            "backfill_id": None,
+        }
+        if dry_run or not ids:
+            return out
+        out["backfill_id"] = launch_backfill(
+            self.instance,
+            self._asset_graph(),
+            ids,
+            title=f"stale analyses (now prompt {version}, model {model})",
+        )
+        if wait:
+            out["status"] = self._wait(out["backfill_id"], ids, timeout)
+            out.update(status_report(self.store, ids))
         return out
 
     def submit_batch(

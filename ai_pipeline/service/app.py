@@ -29,7 +29,7 @@ from ai_pipeline.documents import (
     kind_of,
     parse_document,
 )
-from ai_pipeline.prompts import ANALYSIS
+from ai_pipeline.prompts import current_analysis
 from ai_pipeline.service.estimate import Estimator
 from ai_pipeline.service.progress import TaskView, view
 from ai_pipeline.service.review_page import build_review_router
@@ -170,7 +170,7 @@ def create_app(settings: Settings | None = None, tenants: Tenants | None = None)
             document_id=tenant_document_id(tenant.tenant_id, doc.document_id),
             source=f"{SUBMITTED}{tenant.tenant_id}/{name}",
         )
-        task = task_id(doc.document_id, ANALYSE_STEP, ANALYSIS.version, config.model)
+        task = task_id(doc.document_id, ANALYSE_STEP, current_analysis().version, config.model)
         row, created = await in_thread(
             lambda: store.tasks.submit(tenant.tenant_id, task, doc, name)
         )

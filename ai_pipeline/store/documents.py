@@ -308,6 +308,15 @@ class Documents:
             )
         )
 
+    def set_task_id(self, document_id: str, task: str) -> None:
+        """The task a completed document's current analysis came from (after a re-analysis)."""
+        update = (
+            sa.update(documents)
+            .where(documents.c.document_id == document_id)
+            .values(task_id=task, updated_at=utcnow())
+        )
+        self.db.write(lambda conn: conn.execute(update))
+
     def set_sections(self, document_id: str, sections: int) -> None:
         """Record how many sections a long document was cut into (what progress counts)."""
         self.db.write(

@@ -7,13 +7,15 @@ rows the analysis step hands it and for ``handle_output``; its ``load_input`` re
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
-from ai_pipeline.store.database import Database
+from ai_pipeline.store.database import IN_CHUNK, Database
 from ai_pipeline.store.documents import utcnow
 from ai_pipeline.store.rows import ResultRow
-from ai_pipeline.store.tables import results
+from ai_pipeline.store.tables import results, results_history
 
 
 class Results:
@@ -38,8 +40,61 @@ class Results:
             if c.name not in ("document_id", "created_at")
         }
         upsert = stmt.on_conflict_do_update(index_elements=["document_id"], set_=update_columns)
-        self.db.write(lambda conn: conn.execute(upsert))
+        new_tasks = {d: row.task_id for d, row in latest.items()}
+
+        def write(conn: Connection) -> None:
+            # The analysis another task replaces is kept as it was, in the same transaction.
+            ids = list(new_tasks)
+            replaced = []
+            for i in range(0, len(ids), IN_CHUNK):
+                query = sa.select(results).where(results.c.document_id.in_(ids[i : i + IN_CHUNK]))
+                replaced += [
+                    r for r in conn.execute(query) if r.task_id != new_tasks[r.document_id]
+                ]
+            if replaced:
+                conn.execute(
+                    sa.insert(results_history),
+                    [
+                        {
+                            **r._asdict(),
+                            "replaced_at": now,
+                            "replaced_by_task": new_tasks[r.document_id],
+                        }
+                        for r in replaced
+                    ],
+                )
+            conn.execute(upsert)
+
+        self.db.write(write)
         return len(values)
+
+    def history(self, document_id: str) -> list[dict[str, Any]]:
+        """A document's earlier analyses, the oldest first."""
+        query = (
+            sa.select(results_history)
+            .where(results_history.c.document_id == document_id)
+            .order_by(results_history.c.id)
+        )
+        return [dict(r._mapping) for r in self.db.rows(query)]
+
+    def stale(self, prompt_version: str, model: str) -> list[ResultRow]:
+        """The analyses made under another prompt version or model than these (the current
+        ones): what a re-analysis would change."""
+        query = (
+            sa.select(results)
+            .where(sa.or_(results.c.prompt_version != prompt_version, results.c.model != model))
+            .order_by(results.c.document_id)
+        )
+        return [ResultRow.from_row(r) for r in self.db.rows(query)]
+
+    def count_stale(self, prompt_version: str, model: str) -> dict[str, int]:
+        """How many analyses each other (prompt version, model) made: ``{"v1 / gpt-4o": n}``."""
+        query = (
+            sa.select(results.c.prompt_version, results.c.model, sa.func.count())
+            .where(sa.or_(results.c.prompt_version != prompt_version, results.c.model != model))
+            .group_by(results.c.prompt_version, results.c.model)
+        )
+        return {f"{v} / {m}": int(n) for v, m, n in self.db.rows(query)}
 
     def get(self, document_ids: Iterable[str] | None = None) -> list[ResultRow]:
         """Result rows (all, or of these documents), by document id."""

@@ -89,6 +89,30 @@ results = sa.Table(
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
 )
 
+# A document's earlier analyses: the row a re-analysis (another task: a new prompt version or
+# model, a reviewer's retry) replaced in results, as it was.
+results_history = sa.Table(
+    "results_history",
+    metadata,
+    sa.Column("id", sa.Integer, sa.Identity(), primary_key=True),
+    sa.Column("document_id", sa.String(64), nullable=False, index=True),
+    sa.Column("keywords", sa.JSON, nullable=False),
+    sa.Column("summary", sa.Text, nullable=False),
+    sa.Column("sentiment", sa.String(16), nullable=False),
+    sa.Column("entities", sa.JSON, nullable=False),
+    sa.Column("confidence", sa.Float, nullable=False),
+    sa.Column("task_id", sa.String(128), nullable=False),
+    sa.Column("model", sa.String(128), nullable=False),
+    sa.Column("prompt_version", sa.String(32), nullable=False),
+    sa.Column("sources", sa.JSON, nullable=False),
+    sa.Column("prompt_tokens", sa.Integer, nullable=True),
+    sa.Column("completion_tokens", sa.Integer, nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("replaced_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("replaced_by_task", sa.String(128), nullable=False),
+)
+
 failure_events = sa.Table(
     "failure_events",
     metadata,

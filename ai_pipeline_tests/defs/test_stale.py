@@ -1,0 +1,118 @@
+"""Stale analyses: made under another prompt version or model than now. ``status`` and ``report``
+count them, ``backfill --stale`` re-runs exactly them (one new call each, nothing else called),
+and the analysis each replaces stays in the results history."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from ai_pipeline import prompts
+from ai_pipeline.reporting import build_report
+from ai_pipeline.tasks import ANALYSE_STEP, task_id
+from ai_pipeline_tests.dagster_procs import DagsterProcess
+from ai_pipeline_tests.support import (
+    TEST_MODEL,
+    doc_id,
+    launcher,
+    make_inbox,
+    process_inbox,
+    results_store,
+    run_cli,
+    sample_text,
+    task_of,
+)
+
+
+def _corpus(tmp_path: Path, simulator) -> tuple[Path, list[str], str]:
+    """Four documents that complete and one that fails (a 400), analysed once."""
+    texts = {f"d{i}.txt": sample_text(400 + i) for i in range(4)}
+    texts["bad.txt"] = "Poison request for Vega Instruments in Oslo. " + sample_text(499)
+    inbox = make_inbox(tmp_path / "inbox", texts)
+    simulator.set_faults([{"kind": "status", "status": 400, "match": "Poison request"}])
+    report = process_inbox(inbox)
+    assert report["counts"]["by_state"] == {"COMPLETED": 4, "FAILED": 1}
+    simulator.set_faults([])
+    done = sorted(doc_id(texts[f"d{i}.txt"]) for i in range(4))
+    return inbox, done, doc_id(texts["bad.txt"])
+
+
+def test_a_prompt_version_bump_makes_exactly_the_completed_documents_stale(
+    instance: dg.DagsterInstance,
+    simulator,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    inbox, done, bad = _corpus(tmp_path, simulator)
+    store = results_store()
+    old = {r.document_id: r for r in store.results.get(done)}
+    code, plan = run_cli(capsys, "backfill", "--stale", "--dry-run", "--json")
+    assert code == 0 and plan["selected"] == []
+
+    monkeypatch.setattr(prompts, "ANALYSIS", replace(prompts.ANALYSIS, version="v2"))
+
+    code, plan = run_cli(capsys, "backfill", "--stale", "--dry-run", "--json")
+    assert code == 0
+    assert sorted(d["document_id"] for d in plan["selected"]) == done
+    assert {d["prompt_version"] for d in plan["selected"]} == {"v1"}
+    assert plan["backfill_id"] is None
+    code, status = run_cli(capsys, "status", "--json")
+    assert status["counts"]["stale"] == 4
+    assert build_report(store)["stale"] == {f"v1 / {TEST_MODEL}": 4}
+
+    # What the backfill's runs do, here in this process (the prompt changed in this process).
+    before = simulator.stats()["total"]
+    launcher().execute([d["document_id"] for d in plan["selected"]])
+
+    assert simulator.stats()["total"] == before + 4
+    for d in done:
+        new_task = task_id(d, ANALYSE_STEP, "v2", TEST_MODEL)
+        assert simulator.requests_for(new_task) == 1
+        assert simulator.requests_for(task_of(d)) == 1  # the v1 call, made once
+        (row,) = store.results.get([d])
+        assert (row.task_id, row.prompt_version) == (new_task, "v2")
+        (earlier,) = store.results.history(d)
+        assert (earlier["task_id"], earlier["summary"]) == (old[d].task_id, old[d].summary)
+        assert earlier["replaced_by_task"] == new_task
+        assert store.documents.get(d).task_id == new_task  # type: ignore[union-attr]
+    assert store.results.get([bad]) == []
+    code, plan = run_cli(capsys, "backfill", "--stale", "--dry-run", "--json")
+    assert plan["selected"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.daemon
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_model_change_is_backfilled_by_the_daemon_one_call_each(
+    instance: dg.DagsterInstance,
+    simulator,
+    daemon: DagsterProcess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``backfill --stale --wait`` under a real daemon after AI_PIPELINE_MODEL changed: each
+    completed document makes one call under its new task id, the failed one none."""
+    inbox, done, bad = _corpus(tmp_path, simulator)
+    monkeypatch.setenv("AI_PIPELINE_MODEL", "sim-analyst-2")
+    daemon.start()
+    total = simulator.stats()["total"]
+
+    code, out = run_cli(capsys, "backfill", "--stale", "--wait", "--json")
+
+    assert code == 0, out
+    assert out["status"] == "COMPLETED_SUCCESS"
+    assert simulator.stats()["total"] == total + 4
+    store = results_store()
+    for d in done:
+        assert simulator.requests_for(task_id(d, ANALYSE_STEP, "v1", "sim-analyst-2")) == 1
+        (row,) = store.results.get([d])
+        assert row.model == "sim-analyst-2"
+        assert [h["model"] for h in store.results.history(d)] == [TEST_MODEL]
+    assert simulator.requests_for(task_id(bad, ANALYSE_STEP, "v1", "sim-analyst-2")) == 0
+    code, status = run_cli(capsys, "status", "--json")
+    assert status["counts"]["stale"] == 0
