@@ -68,6 +68,7 @@ from ai_pipeline.tasks import (
     section_step,
     task_id,
 )
+from ai_pipeline.tracing import document_span, mark_failed
 
 STAGES = (
     "document_text",
@@ -183,8 +184,17 @@ class Analyser:
         return task_id(document_id, ANALYSE_STEP, self.llm.prompt.version, self.llm.model)
 
     async def process(self, document_id: str) -> list[Event]:
-        """All stage events for one document; failures are events, never exceptions."""
+        """All stage events for one document; failures are events, never exceptions. The work
+        is one trace (``ai_pipeline.tracing``), its root span this document's."""
         task = self.task_for(document_id)
+        with document_span(document_id, task, self.run_id) as root:
+            events = await self._process(document_id, task)
+            failed = next((e for e in events if isinstance(e, StageFailed)), None)
+            if failed is not None:
+                mark_failed(root, failed.category, failed.error)
+            return events
+
+    async def _process(self, document_id: str, task: str) -> list[Event]:
         log = TaskLog(self.log, task)
         doc = self.store.documents.get(document_id)
         if doc is None:

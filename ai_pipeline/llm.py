@@ -30,11 +30,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import openai
+from opentelemetry import trace
 
 from ai_pipeline.failures import Category, ClassifiedError, category_for_status
 from ai_pipeline.prompts import Prompt, current_analysis
 from ai_pipeline.redaction import redact, register_secret
 from ai_pipeline.retry import AttemptFailure, Log, NullLog, Retrier, RetryHook, parse_retry_after
+from ai_pipeline.tracing import mark_failed, span
 
 
 class Meter(Protocol):
@@ -302,10 +304,13 @@ class LLMClient:
         refreshed = False
         generation = self.credentials.generation
 
+        attempt = 0
+
         async def send() -> LLMReply:
-            nonlocal generation
+            nonlocal generation, attempt
             generation = self.credentials.generation
-            return await self._send(task_id, text)
+            attempt += 1
+            return await self._send(task_id, text, attempt)
 
         async def recover(failure: AttemptFailure, attempt: int) -> AttemptFailure | None:
             """After a 401/403: refresh the credentials once and resubmit, else open the circuit."""
@@ -338,7 +343,23 @@ class LLMClient:
             task_id, send, attempt_failure, log=log, on_retry=self.on_failure, recover=recover
         )
 
-    async def _send(self, task_id: str, text: str) -> LLMReply:
+    async def _send(self, task_id: str, text: str, attempt: int = 1) -> LLMReply:
+        with span("llm.attempt", task_id=task_id, **{"llm.model": self.model, "attempt": attempt}):
+            return await self._attempt(task_id, text)
+
+    async def _attempt(self, task_id: str, text: str) -> LLMReply:
+        current = trace.get_current_span()
+        try:
+            reply = await self._request(task_id, text)
+        except BaseException as e:
+            if isinstance(e, Exception):
+                mark_failed(current, classify(e), describe(e))
+            raise
+        current.set_attribute("llm.prompt_tokens", reply.prompt_tokens or 0)
+        current.set_attribute("llm.completion_tokens", reply.completion_tokens or 0)
+        return reply
+
+    async def _request(self, task_id: str, text: str) -> LLMReply:
         await self._limiter.acquire()
         messages = self.prompt.messages(text)
         async with self._semaphore:

@@ -23,9 +23,10 @@ from typing import Any
 
 import httpx
 
-from ai_pipeline.failures import Category, category_for_status
+from ai_pipeline.failures import Category, ClassifiedError, category_for_status
 from ai_pipeline.redaction import redact
 from ai_pipeline.retry import AttemptFailure, Log, Retrier, parse_retry_after
+from ai_pipeline.tracing import mark_failed, span
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,15 @@ class Notifier:
         self._client = httpx.AsyncClient(timeout=timeout_seconds)
 
     async def send(self, task_id: str, notice: dict[str, Any], log: Log) -> Delivery:
+        """One notice under the retry policy (a span of its own, with its task id)."""
+        with span("notice.send", task_id=task_id, **{"http.url": self.url}) as current:
+            try:
+                return await self._send_notice(task_id, notice, log)
+            except ClassifiedError as e:
+                mark_failed(current, e.category, e.message)
+                raise
+
+    async def _send_notice(self, task_id: str, notice: dict[str, Any], log: Log) -> Delivery:
         """Deliver one notice under the rules above; raises ClassifiedError when it cannot."""
         attempts = 0
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from ai_pipeline.failures import Category, ClassifiedError
+from ai_pipeline.tracing import CATEGORY, LAYER, span
 
 T = TypeVar("T")
 
@@ -112,6 +113,10 @@ RetryHook = Callable[[str, Category, int, str], None]
 RecoverHook = Callable[[AttemptFailure, int], Awaitable["AttemptFailure | None"]]
 
 
+def _failed(category: Category) -> dict[str, str]:
+    return {CATEGORY: category.value, LAYER: category.rule.layer.value}
+
+
 class Retrier:
     """Runs calls under a :class:`RetryPolicy`; remembers, per task, its last rate-limit wait."""
 
@@ -157,7 +162,8 @@ class Retrier:
                         on_retry(
                             task_id, category, attempt, f"{failure.message}; retry in {delay:g} s"
                         )
-                    await self._sleep(delay)
+                    with span("retry.wait", seconds=delay, **_failed(category)):
+                        await self._sleep(delay)
                     continue
                 failure = failure.amended(f" (after {network_retries} retries)")
             elif category == Category.RATE_LIMIT_EXCEEDED:
@@ -170,7 +176,8 @@ class Retrier:
                         on_retry(
                             task_id, category, attempt, f"{failure.message}; waited {wait:g} s"
                         )
-                    await self._sleep(wait)
+                    with span("retry.wait", seconds=wait, **_failed(category)):
+                        await self._sleep(wait)
                     continue
                 failure = failure.amended(
                     "; already waited once within the minute, or asked to wait too long"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -177,3 +178,26 @@ def owned_postgres(pg_skip_reason: str | None) -> Iterator[OwnedPostgres]:
 
         dispose_stores()
         server.remove()
+
+
+@pytest.fixture
+def span_exporter() -> Iterator[object]:
+    """This process's spans, kept in memory: an SDK tracer provider with an in-memory exporter
+    installed once per process (OpenTelemetry allows one), emptied for each test."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    global _SPAN_EXPORTER
+    if _SPAN_EXPORTER is None:
+        _SPAN_EXPORTER = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(_SPAN_EXPORTER))
+        trace.set_tracer_provider(provider)
+    _SPAN_EXPORTER.clear()
+    yield _SPAN_EXPORTER
+    _SPAN_EXPORTER.clear()
+
+
+_SPAN_EXPORTER: Any = None

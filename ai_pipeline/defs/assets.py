@@ -23,6 +23,7 @@ from typing import Any
 import dagster as dg
 import pandas as pd
 
+from ai_pipeline import tracing
 from ai_pipeline.batch import run_batch
 from ai_pipeline.defs.checks import CHECK_SPECS, check_evaluations
 from ai_pipeline.defs.dagster_private import (
@@ -106,6 +107,7 @@ def analyse_documents(
     # of analysis_results alone then also clears the upstream stages' FAILED status.
     selected_checks = set(context.selected_asset_check_keys)
     document_ids = sorted(context.partition_keys)
+    tracing.configure_from_env()
     config = settings.resolve()
     notifier = None
     if config.webhook_url:
@@ -159,6 +161,7 @@ def analyse_documents(
             context.log.info(
                 f"{done}/{len(document_ids)} documents processed, {len(failed)} failed"
             )
+    tracing.flush()
     spent = store.spend.for_run(context.run.run_id)
     spend_line = (
         f"spent in this run: {spent.tokens:,} tokens over {spent.attempts} LLM attempts, "

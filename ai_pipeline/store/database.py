@@ -28,6 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ai_pipeline.failures import Category, ClassifiedError
 from ai_pipeline.store.tables import documents, metadata
+from ai_pipeline.tracing import span
 
 T = TypeVar("T")
 _INSERTS: dict[str, Any] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
@@ -182,7 +183,8 @@ class Database:
             with self.engine.begin() as conn:
                 return work(conn)
 
-        return self._retrying(transaction)
+        with span("store.write", **{"db.system": self.dialect}):
+            return self._retrying(transaction)
 
     def read(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` on a connection, again if the connection failed."""
