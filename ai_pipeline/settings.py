@@ -139,6 +139,11 @@ SETTINGS: dict[str, Setting] = {
         1024,
         "completion tokens a call reserves against a budget before it is sent",
     ),
+    "json_log": Setting(
+        "AI_PIPELINE_JSON_LOG",
+        None,
+        "also write every line of the analysis runs as JSON to this file (one object a line)",
+    ),
     "tenants_file": Setting(
         "AI_PIPELINE_TENANTS_FILE", None, "tenants and API keys of `ai-pipeline serve` (YAML/JSON)"
     ),
@@ -182,6 +187,7 @@ class Settings:
     run_budget_usd: float | None
     run_budget_tokens: int | None
     completion_reserve_tokens: int
+    json_log: str | None
     tenants_file: str | None
     dagster_url: str
 

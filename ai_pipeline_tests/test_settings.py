@@ -53,6 +53,7 @@ def test_defaults_without_environment(monkeypatch: pytest.MonkeyPatch, tmp_path:
         run_budget_usd=None,
         run_budget_tokens=None,
         completion_reserve_tokens=1024,
+        json_log=None,
         tenants_file=None,
         dagster_url="http://127.0.0.1:3000",
     )

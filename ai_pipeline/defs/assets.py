@@ -134,7 +134,9 @@ def analyse_documents(
         store,
         llm.client(meter=meter),
         results_io_manager,
-        log=run_log(context.log, context.run.tags),
+        log=run_log(
+            context.log, context.run.tags, run_id=context.run.run_id, json_path=config.json_log
+        ),
         run_id=context.run.run_id,
         min_confidence=config.min_confidence,
         notifier=notifier,

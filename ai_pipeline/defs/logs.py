@@ -14,20 +14,90 @@ events``: their lines stay in the event log, and the terminal shows only the com
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import re
 import sys
 from collections.abc import Mapping
+from datetime import datetime, timezone
 
+from ai_pipeline.failures import Category
 from ai_pipeline.retry import Log
+from ai_pipeline.tasks import document_of
 
 PROGRESS_LOGGER = "ai_pipeline.run"
 TASK_LINES_TAG = "ai_pipeline/task_lines"
 
 
-def run_log(events: Log, tags: Mapping[str, str]) -> Log:
+def run_log(
+    events: Log,
+    tags: Mapping[str, str],
+    *,
+    run_id: str | None = None,
+    json_path: str | None = None,
+) -> Log:
     """The log of an analysis run: ``RunLog`` unless the run's tags keep every line in the event
-    log."""
-    return events if tags.get(TASK_LINES_TAG) == "events" else RunLog(events)
+    log; every line also as JSON to ``json_path`` (AI_PIPELINE_JSON_LOG) when it is set."""
+    log: Log = events if tags.get(TASK_LINES_TAG) == "events" else RunLog(events)
+    return JsonLinesLog(log, json_path, run_id) if json_path else log
+
+
+_TASK = re.compile(r"\[(?:[A-Z ]+ for )?TASK:([^\]\s]+)\]")
+# The retry policy's lines name their category by their prefix.
+_PREFIXES = {
+    "[RETRY #": Category.NETWORK_TIMEOUT,
+    "[RATE LIMIT for": Category.RATE_LIMIT_EXCEEDED,
+    "[AUTH for": Category.AUTH_FAILED,
+}
+_CATEGORY = re.compile(r"\b(" + "|".join(c.value for c in Category) + r")\b")
+
+
+class JsonLinesLog:
+    """Every line of a run also as one JSON object per line, appended to a file shared by every
+    run (each line one ``write`` on an O_APPEND file): timestamp, level, task_id, document_id,
+    run_id, layer, category (of a line about a failure), message."""
+
+    def __init__(self, inner: Log, path: str, run_id: str | None):
+        self.inner, self.path, self.run_id = inner, path, run_id
+
+    def info(self, msg: str) -> None:
+        self._write("INFO", msg)
+        self.inner.info(msg)
+
+    def warning(self, msg: str) -> None:
+        self._write("WARNING", msg)
+        self.inner.warning(msg)
+
+    def error(self, msg: str) -> None:
+        self._write("ERROR", msg)
+        self.inner.error(msg)
+
+    def _write(self, level: str, msg: str) -> None:
+        task = _TASK.search(msg)
+        named = _CATEGORY.search(msg)
+        category = next((c for p, c in _PREFIXES.items() if p in msg), None) or (
+            Category(named.group(1)) if named else None
+        )
+        line = {
+            "timestamp": datetime.now(timezone.utc).isoformat(),
+            "level": level,
+            "task_id": task.group(1) if task else None,
+            "document_id": document_of(task.group(1)) if task else None,
+            "run_id": self.run_id,
+            "layer": category.rule.layer.value if category else None,
+            "category": category.value if category else None,
+            "message": msg,
+        }
+        data = (json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8")
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        except OSError as e:  # a log file that cannot be written must not fail the run
+            self.inner.warning(f"AI_PIPELINE_JSON_LOG {self.path}: {e.strerror or e}")
 
 
 def progress_logger() -> logging.Logger:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import dagster as dg
@@ -59,3 +60,47 @@ def test_two_retries_and_a_refusal_are_three_attempt_spans_all_with_their_task_i
         if s.name == "ai_pipeline.document" and s.attributes.get(DOCUMENT_ID) != document
     ]
     assert len(other) == 1 and other[0].context.trace_id != root.context.trace_id
+
+
+def test_json_lines_log_every_line_with_its_ids_and_category(
+    instance: dg.DagsterInstance, simulator, tmp_path: Path, monkeypatch
+) -> None:
+    """AI_PIPELINE_JSON_LOG: the run's lines as JSON, next to Dagster's log; the retries and the
+    refusal of one document carry its task, document, run, layer and category."""
+    log = tmp_path / "runs.jsonl"
+    monkeypatch.setenv("AI_PIPELINE_JSON_LOG", str(log))
+    inbox = make_inbox(tmp_path / "inbox", {"memo.txt": TEXT, "fine.txt": sample_text(7)})
+    document, task = doc_id(TEXT), task_of(doc_id(TEXT))
+    simulator.set_faults(
+        [
+            {"kind": "status", "status": 503, "times": 2, "match": task},
+            {"kind": "refuse", "match": task},
+        ]
+    )
+
+    report = process_inbox(inbox)
+
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert lines and all(
+        set(line)
+        == {
+            "timestamp",
+            "level",
+            "task_id",
+            "document_id",
+            "run_id",
+            "layer",
+            "category",
+            "message",
+        }
+        for line in lines
+    )
+    assert {line["run_id"] for line in lines} == {report["runs"][0]["run_id"]}
+    mine = [line for line in lines if line["task_id"] == task]
+    assert all(line["document_id"] == document for line in mine)
+    assert [(m["category"], m["layer"]) for m in mine if m["category"]] == [
+        ("NETWORK_TIMEOUT", "network"),
+        ("NETWORK_TIMEOUT", "network"),
+        ("MODEL_REFUSAL", "model"),
+    ]
+    assert mine[-1]["level"] == "ERROR"
