@@ -174,6 +174,18 @@ def analyse_documents(
         if state is not None:
             spend_line += f"; budget {state.describe()}"
     context.log.info(spend_line)
+    if LLM_ANALYSIS in context.selected_asset_keys:
+        # The run's totals where the UI shows an asset's history: one observation per run.
+        yield dg.AssetObservation(
+            asset_key=LLM_ANALYSIS,
+            metadata={
+                "run_id": context.run.run_id,
+                "run_cost_usd": dg.MetadataValue.float(round(spent.cost_usd, 6)),
+                "run_tokens": dg.MetadataValue.int(spent.tokens),
+                "run_llm_attempts": dg.MetadataValue.int(spent.attempts),
+                "spend": dg.MetadataValue.text(spend_line),
+            },
+        )
     if elsewhere:
         # Neither done nor failed here: the run that holds each reports it.
         context.log.warning(

@@ -118,6 +118,13 @@ def test_every_attempt_is_recorded_with_the_usage_the_simulator_reported(
     assert metadata["cost_usd"].value == pytest.approx(prices["cost_usd"], abs=1e-6)
     assert metadata["llm_attempts"].value == 1
     assert report["spend"]["attempts"] == 6
+    # The run's totals: an observation of llm_analysis in the UI.
+    (record,) = instance.fetch_observations(LLM_ANALYSIS, limit=10).records
+    observed = record.event_log_entry.asset_observation.metadata
+    assert observed["run_llm_attempts"].value == 6
+    assert observed["run_tokens"].value == sum(
+        simulator.tokens_for(t) for t in (refused, low, flaky, fine)
+    )
 
 
 @pytest.mark.slow
