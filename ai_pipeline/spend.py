@@ -33,6 +33,7 @@ import yaml
 from ai_pipeline.failures import Category, ClassifiedError
 from ai_pipeline.settings import Settings, SettingsError
 from ai_pipeline.store import Store
+from ai_pipeline.store.database import StoreUnavailable
 from ai_pipeline.store.spend import ANSWER, Usage
 from ai_pipeline.tasks import document_of, step_of
 
@@ -241,7 +242,12 @@ class Meter:
             cost_usd=self.prices.cost(model, prompt, completion),
             run_id=self.run_id,
         )
-        self.store.spend.settle(self.budget_keys, reservation.tokens, reservation.usd, usage)
+        try:
+            self.store.spend.settle(self.budget_keys, reservation.tokens, reservation.usd, usage)
+        except StoreUnavailable as e:
+            # The answer it paid for matters more than its bookkeeping: it goes on to its
+            # checkpoint; the reservation stays held, which errs on the side of the budget.
+            logger.warning("usage of %s not recorded: %s", reservation.task_id, e.message)
         return usage
 
 
