@@ -17,6 +17,8 @@
 - ``leases``: which run works on a task now, until when (one owner per task).
 """
 
+from typing import Any
+
 import sqlalchemy as sa
 
 metadata = sa.MetaData()
@@ -70,23 +72,31 @@ checkpoints = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )
 
+
+def _analysis_columns() -> list[sa.Column[Any]]:
+    """A document's analysis as stored: in results, and as kept in results_history."""
+    return [
+        sa.Column("keywords", sa.JSON, nullable=False),
+        sa.Column("summary", sa.Text, nullable=False),
+        sa.Column("sentiment", sa.String(16), nullable=False),
+        sa.Column("entities", sa.JSON, nullable=False),
+        sa.Column("confidence", sa.Float, nullable=False),
+        sa.Column("task_id", sa.String(128), nullable=False),
+        sa.Column("model", sa.String(128), nullable=False),
+        sa.Column("prompt_version", sa.String(32), nullable=False),
+        sa.Column("sources", sa.JSON, nullable=False),
+        sa.Column("prompt_tokens", sa.Integer, nullable=True),
+        sa.Column("completion_tokens", sa.Integer, nullable=True),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    ]
+
+
 results = sa.Table(
     "results",
     metadata,
     sa.Column("document_id", sa.String(64), primary_key=True),
-    sa.Column("keywords", sa.JSON, nullable=False),
-    sa.Column("summary", sa.Text, nullable=False),
-    sa.Column("sentiment", sa.String(16), nullable=False),
-    sa.Column("entities", sa.JSON, nullable=False),
-    sa.Column("confidence", sa.Float, nullable=False),
-    sa.Column("task_id", sa.String(128), nullable=False),
-    sa.Column("model", sa.String(128), nullable=False),
-    sa.Column("prompt_version", sa.String(32), nullable=False),
-    sa.Column("sources", sa.JSON, nullable=False),
-    sa.Column("prompt_tokens", sa.Integer, nullable=True),
-    sa.Column("completion_tokens", sa.Integer, nullable=True),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    *_analysis_columns(),
 )
 
 # A document's earlier analyses: the row a re-analysis (another task: a new prompt version or
@@ -96,19 +106,7 @@ results_history = sa.Table(
     metadata,
     sa.Column("id", sa.Integer, sa.Identity(), primary_key=True),
     sa.Column("document_id", sa.String(64), nullable=False, index=True),
-    sa.Column("keywords", sa.JSON, nullable=False),
-    sa.Column("summary", sa.Text, nullable=False),
-    sa.Column("sentiment", sa.String(16), nullable=False),
-    sa.Column("entities", sa.JSON, nullable=False),
-    sa.Column("confidence", sa.Float, nullable=False),
-    sa.Column("task_id", sa.String(128), nullable=False),
-    sa.Column("model", sa.String(128), nullable=False),
-    sa.Column("prompt_version", sa.String(32), nullable=False),
-    sa.Column("sources", sa.JSON, nullable=False),
-    sa.Column("prompt_tokens", sa.Integer, nullable=True),
-    sa.Column("completion_tokens", sa.Integer, nullable=True),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    *_analysis_columns(),
     sa.Column("replaced_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("replaced_by_task", sa.String(128), nullable=False),
 )
