@@ -27,6 +27,7 @@ COMMANDS = [
     "submit",
     "batch",
     "report",
+    "trace",
     "serve",
     "simulate-llm",
     "receive-webhooks",

@@ -34,6 +34,7 @@ def test_status_counts_everything_and_lists_only_what_is_not_done(
         "total": 5,
         "by_state": {"COMPLETED": 4, "FAILED": 1},
         "by_category": {"INPUT_QUALITY_ISSUE": 1},
+        "stale": 0,
     }
     assert [Path(d["source"]).name for d in default["documents"]] == ["empty.txt"]
     assert default["omitted"] == 0
