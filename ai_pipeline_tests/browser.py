@@ -34,8 +34,11 @@ def chromium_page(
     """A page of a fresh headless Chromium profile in ``profile`` (created), every wait bounded
     by ``timeout_ms`` (signing in with HTTP Basic ``http_credentials`` when a server asks); the
     browser is closed after."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    # Playwright's assertions wait 5 s by default, apart from the context's timeout: on a slow
+    # machine the UI is still loading its code location then.
+    expect.set_options(timeout=timeout_ms)
     profile.mkdir(parents=True)
     with sync_playwright() as pw:
         ctx = pw.chromium.launch_persistent_context(
