@@ -23,7 +23,6 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +31,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import REPO, dagster_daemon, document_text, git_commit, machine_info  # noqa: E402
+from throughput import (  # noqa: E402
+    REPO,
+    background,
+    dagster_daemon,
+    document_text,
+    git_commit,
+    machine_info,
+)
 
 KEY = "bench-tenant-key"
 MODEL = "sim-analyst-1"
@@ -103,16 +109,8 @@ def main() -> int:
             OPENAI_API_KEY="sim-bench-key",
             AI_PIPELINE_MODEL=MODEL,
         )
-        serve_log = (root / "serve.log").open("wb")
-        serve = subprocess.Popen(
-            [sys.executable, "-m", "ai_pipeline.cli", "serve", "--port", str(port)],
-            cwd=REPO,
-            env=env,
-            stdout=serve_log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
+        serve_argv = [sys.executable, "-m", "ai_pipeline.cli", "serve", "--port", str(port)]
+        with background(serve_argv, env, root / "serve.log") as serve:
             deadline = time.monotonic() + 120
             while True:
                 try:
@@ -137,10 +135,6 @@ def main() -> int:
                     before = len(instance.get_runs(filters=queued_filter))
                     queued = timed_submissions(url, 10**5, args.submissions)
                     after = len(instance.get_runs(filters=queued_filter))
-        finally:
-            serve.terminate()
-            serve.wait(30)
-            serve_log.close()
     result: dict[str, Any] = {
         "commit": git_commit(),
         "machine": machine_info(),

@@ -235,26 +235,32 @@ def _beside_python(command: str) -> str:
 
 
 @contextmanager
-def dagster_daemon(env: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A real ``dagster-daemon`` on the project's workspace, stopped (its process group) after."""
+def background(
+    argv: list[str], env: dict[str, str], log_path: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A process of the checkout in a session of its own, its output to ``log_path``; stopped
+    (its process group: it and what it started) after."""
     with log_path.open("wb") as log:
-        daemon = subprocess.Popen(
-            [_beside_python("dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        process = subprocess.Popen(
+            argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
-            yield daemon
+            yield process
         finally:
-            os.killpg(daemon.pid, signal.SIGTERM)
+            os.killpg(process.pid, signal.SIGTERM)
             try:
-                daemon.wait(timeout=60)
+                process.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                os.killpg(daemon.pid, signal.SIGKILL)
-                daemon.wait()
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+@contextmanager
+def dagster_daemon(env: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A real ``dagster-daemon`` on the project's workspace, stopped (its process group) after."""
+    argv = [_beside_python("dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")]
+    with background(argv, env, log_path) as daemon:
+        yield daemon
 
 
 def fresh_home(root: Path, name: str, instance_yaml: Path = REPO / "dagster.yaml") -> Path:
