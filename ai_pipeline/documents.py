@@ -105,30 +105,32 @@ def _html_text(data: bytes, path: Path) -> str:
     for tag in soup(list(_HTML_HIDDEN)):
         tag.decompose()
     main = _main_text(str(soup))
+    heading = soup.find("h1")
+    title = " ".join(heading.get_text().split()) if heading else ""
     for tag in soup(list(_HTML_BLOCKS)):
         tag.insert_before("\n")
         tag.insert_after("\n")
     visible = "\n".join(" ".join(line.split()) for line in soup.get_text().split("\n"))
     if main is None:
         return visible
-    text, title = main
-    if title and title in visible and not text.startswith(title):
-        text = f"{title}\n\n{text}"
-    return text
+    if title and not main.startswith(title):
+        main = f"{title}\n\n{main}"
+    return main
 
 
-def _main_text(html: str) -> tuple[str, str | None] | None:
+def _main_text(html: str) -> str | None:
+    """trafilatura's main text, one paragraph a block. Without its metadata pass: that one looks
+    for the page's date with every locale of dateparser, two seconds a page, for nothing we use."""
     import trafilatura
 
     found = trafilatura.bare_extraction(
-        html, include_comments=False, include_tables=True, with_metadata=True
+        html, include_comments=False, include_tables=True, with_metadata=False
     )
     text = getattr(found, "text", None)
     if not text or not text.strip():
         return None
     # One block a line there: paragraphs apart, as in every other format (sections cut at them).
-    paragraphs = "\n\n".join(line.strip() for line in text.split("\n") if line.strip())
-    return paragraphs, getattr(found, "title", None)
+    return "\n\n".join(line.strip() for line in text.split("\n") if line.strip())
 
 
 def _pdf_text(data: bytes, path: Path) -> str:
