@@ -40,6 +40,20 @@ from ai_pipeline_tests.support import (
 plan_events_per_run()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that start Dagster processes first, then the other slow ones, then the rest.
+    With ``--maxschedchunk 2`` (pyproject.toml) a worker takes the next two tests whenever it runs
+    short, so the long tests spread over every worker from the start and the short ones fill the
+    gaps at the end, instead of one worker's consecutive share holding all the long ones."""
+
+    def weight(item: pytest.Item) -> int:
+        if item.get_closest_marker("daemon"):
+            return 0
+        return 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=weight)
+
+
 @pytest.fixture(scope="session")
 def pg_skip_reason() -> str | None:
     return unavailable_reason()

@@ -279,7 +279,7 @@ def wait_for(
                 f"timed out after {timeout} s waiting for {what}; {process.name} log tail:\n"
                 f"{process.log_tail()}"
             )
-        time.sleep(0.5)
+        time.sleep(1.0)
 
 
 @contextlib.contextmanager

@@ -78,6 +78,7 @@ def test_every_command_is_in_the_help_test() -> None:
     assert set(sub.choices) == {c.split()[0] for c in COMMANDS}  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the demo is the embedded default
 def test_demo_twice(dagster_home: Path) -> None:
     """The demo completes every sample with one row each, one LLM call per section (a sample
@@ -103,6 +104,7 @@ def test_demo_twice(dagster_home: Path) -> None:
     assert results_store().results.count() == len(samples)
 
 
+@pytest.mark.slow
 def test_run_reports_failures_with_exit_code_1(
     dagster_home: Path, simulator, tmp_path: Path
 ) -> None:
@@ -141,6 +143,7 @@ def test_run_reports_failures_with_exit_code_1(
     assert all(str(inbox) in d["error"] for d in failed.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # usage errors know no backend
 def test_run_usage_errors_exit_2(dagster_home: Path, tmp_path: Path) -> None:
     """A missing inbox, a missing API key or a bad setting is a usage error with exit code 2."""
@@ -167,6 +170,7 @@ def test_run_usage_errors_exit_2(dagster_home: Path, tmp_path: Path) -> None:
     assert "DAGSTER_HOME" in no_home.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 def test_api_key_never_in_output_or_metadata(
     dagster_home: Path, simulator, tmp_path: Path, instance
@@ -186,6 +190,7 @@ def test_api_key_never_in_output_or_metadata(
             assert TEST_API_KEY not in str(record)
 
 
+@pytest.mark.slow
 def test_first_commands_at_once_on_a_fresh_instance(
     dagster_home: Path, simulator, tmp_path: Path
 ) -> None:
