@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import openai
 from opentelemetry import trace
 
 from ai_pipeline.failures import Category, ClassifiedError, category_for_status
@@ -87,6 +86,8 @@ class LLMReply:
 
 def classify(error: BaseException) -> Category:
     """The category of an exception raised by the openai SDK."""
+    import openai  # the SDK is imported where it is used: most processes never call the LLM
+
     if isinstance(error, ClassifiedError):
         return error.category
     if isinstance(error, openai.APIStatusError):
@@ -111,6 +112,8 @@ def classify(error: BaseException) -> Category:
 
 def describe(error: BaseException) -> str:
     """A one-line description of an SDK error, without request headers or keys."""
+    import openai
+
     if isinstance(error, ClassifiedError):
         return redact(error.message)[:500]
     if isinstance(error, openai.APIStatusError):
@@ -254,6 +257,8 @@ class LLMClient:
         self._proven = False
         self._probe_failures = 0
         self._circuit: ClassifiedError | None = None
+        import openai
+
         self._client = openai.AsyncOpenAI(
             base_url=base_url,
             api_key=self.credentials.key,

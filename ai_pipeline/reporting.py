@@ -16,15 +16,16 @@ from __future__ import annotations
 import io
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from ai_pipeline.prompts import current_analysis
 from ai_pipeline.settings import Settings
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline.store.rows import DocumentRow
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def status_report(
@@ -116,6 +117,8 @@ def build_report(
     store: Store, results: pd.DataFrame | None = None, settings: Settings | None = None
 ) -> dict[str, Any]:
     """Counts by state and category, failures by day, success rate, tokens and estimated cost."""
+    import pandas as pd  # here, not at import: a third of a second no other command needs
+
     settings = settings or Settings.load()
     docs = pd.DataFrame(
         [

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import pandas as pd
 
 from ai_pipeline import tracing
 from ai_pipeline.batch import run_batch
@@ -253,16 +252,30 @@ def _report(
     )
 
 
+# What the results IO manager loads for the report: a pandas DataFrame, checked by its type's name
+# so that loading the code location (every sensor tick's code server, every run worker) does not
+# import pandas for a report it may never build.
+RESULTS_FRAME = dg.DagsterType(
+    name="ResultsDataFrame",
+    description="A pandas DataFrame: one row per document of the results table.",
+    type_check_fn=lambda _context, value: type(value).__name__ == "DataFrame",
+)
+
+
 @dg.asset(
     ins={
-        "analysis_results": dg.AssetIn(ANALYSIS_RESULTS, partition_mapping=dg.AllPartitionMapping())
+        "analysis_results": dg.AssetIn(
+            ANALYSIS_RESULTS,
+            partition_mapping=dg.AllPartitionMapping(),
+            dagster_type=RESULTS_FRAME,
+        )
     },
     group_name=GROUP,
     kinds={"pandas"},
     description="Counts by state and category, failures by day, success rate, tokens and cost.",
 )
 def failure_report(
-    context: dg.AssetExecutionContext, analysis_results: pd.DataFrame, results_store: ResultsStore
+    context: dg.AssetExecutionContext, analysis_results: Any, results_store: ResultsStore
 ) -> dg.MaterializeResult:
     report = build_report(results_store.get(), analysis_results)
     png = chart_png(report)

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
-import pandas as pd
 
 from ai_pipeline.defs.resources import ResultsStore
 from ai_pipeline.store.rows import ResultRow
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _COLUMNS = [f.name for f in fields(ResultRow)]
 _ROW_FIELDS = set(_COLUMNS)
@@ -34,7 +36,7 @@ class ResultsIOManager(dg.ConfigurableIOManager):
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
         if obj is None:
             return
-        records = obj.to_dict("records") if isinstance(obj, pd.DataFrame) else list(obj)
+        records = obj.to_dict("records") if hasattr(obj, "to_dict") else list(obj)
         rows = [
             r
             if isinstance(r, ResultRow)
@@ -53,4 +55,6 @@ class ResultsIOManager(dg.ConfigurableIOManager):
             )
             wanted = None if set(keys) >= set(every) else keys
         rows = self.results_store.get().results.get(wanted)
+        import pandas as pd  # here, not at import: only the report reads rows back
+
         return pd.DataFrame([r.as_dict() for r in rows], columns=_COLUMNS)
