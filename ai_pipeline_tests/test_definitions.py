@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import contextvars
+from typing import Any
+
 import dagster as dg
 import pytest
 
 from ai_pipeline.defs.assets import ANALYSIS_KEYS
 
 
+def resolved(defs: dg.Definitions) -> Any:
+    """``defs``'s repository, resolved in an empty context: Dagster finds the definitions-state
+    storage of the instance in use through a context variable, which an earlier test in the same
+    worker can leave pointing at an instance since gone ("Attempted to resolve undefined
+    DagsterInstance weakref", seen in CI, depending on the order the tests ran in)."""
+    return contextvars.Context().run(defs.get_repository_def)
+
+
 def test_definitions_load() -> None:
     """Every asset, check, job, sensor, schedule and resource is reachable from ``defs``."""
     from ai_pipeline.definitions import defs
 
-    repo = defs.get_repository_def()
+    repo = resolved(defs)
     assert set(repo.asset_graph.get_all_asset_keys()) == {
         *ANALYSIS_KEYS,
         dg.AssetKey("failure_report"),
@@ -51,8 +62,7 @@ def test_load_time_settings_shape_the_definitions(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("AI_PIPELINE_NIGHTLY_CRON", "30 3 * * *")
     monkeypatch.setenv("AI_PIPELINE_TIMEZONE", "Asia/Shanghai")
     try:
-        defs = importlib.reload(definitions).defs
-        repo = defs.get_repository_def()
+        repo = resolved(importlib.reload(definitions).defs)
         assert repo.get_sensor_def("inbox_sensor").minimum_interval_seconds == 7
         schedule = repo.get_schedule_def("nightly_retry_schedule")
         assert (schedule.cron_schedule, schedule.execution_timezone) == (
