@@ -41,10 +41,10 @@ STOP_SECONDS = 30
 # Seconds the test daemons' backfill loop pauses between iterations (Dagster's default is 30,
 # a module constant that dagster 1.13.27 reads when the loop starts).
 BACKFILL_LOOP_SECONDS = 3
-FAST_BACKFILL_DAEMON = f"""
+DAEMON_WITH_BACKFILL_LOOP = """
 import sys
 import dagster._daemon.controller as controller
-controller.DEFAULT_DAEMON_INTERVAL_SECONDS = {BACKFILL_LOOP_SECONDS}
+controller.DEFAULT_DAEMON_INTERVAL_SECONDS = {seconds}
 from dagster._daemon.cli import main
 sys.argv[0] = "dagster-daemon"
 sys.exit(main())
@@ -144,11 +144,18 @@ class DagsterProcess:
         self.stopped = False
 
     @classmethod
-    def daemon(cls, log_path: Path, *, env: Mapping[str, str] | None = None) -> DagsterProcess:
-        """``dagster-daemon run``, its backfill loop pausing BACKFILL_LOOP_SECONDS between
-        iterations instead of 30 (the only change: a test then waits seconds for a backfill
-        instead of a minute; what an iteration does is the daemon's own code)."""
-        argv = ["python", "-c", FAST_BACKFILL_DAEMON, "run", "-w", str(WORKSPACE)]
+    def daemon(
+        cls,
+        log_path: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        backfill_loop_seconds: int = BACKFILL_LOOP_SECONDS,
+    ) -> DagsterProcess:
+        """``dagster-daemon run``, its backfill loop pausing ``backfill_loop_seconds`` between
+        iterations instead of Dagster's 30 (the only change: a test then waits seconds for a
+        backfill instead of a minute; what an iteration does is the daemon's own code)."""
+        script = DAEMON_WITH_BACKFILL_LOOP.format(seconds=backfill_loop_seconds)
+        argv = ["python", "-c", script, "run", "-w", str(WORKSPACE)]
         return cls("dagster-daemon", argv, log_path, env=env)
 
     @classmethod

@@ -186,6 +186,28 @@ def backfill_ended(backfill: Any) -> bool:
     return backfill.status in BULK_ACTION_TERMINAL_STATUSES
 
 
+# The tag Dagster puts on every run a backfill launches.
+DAGSTER_BACKFILL_TAG = "dagster/backfill"
+
+
+def settled_status(
+    instance: dg.DagsterInstance, backfill_id: str, ended_in: Callable[[list[str]], bool]
+) -> str | None:
+    """The status a running backfill is bound to end in, once its work is done: every run it
+    launched is over and ``ended_in(their run ids)`` says each of its documents ended in one of
+    them — so no run is left to launch. Dagster's backfill daemon records that status on its next
+    loop, up to 30 s later; None while there is work left (or the runs say nothing yet)."""
+    runs = instance.get_runs(dg.RunsFilter(tags={DAGSTER_BACKFILL_TAG: backfill_id}))
+    if not runs or not all(r.is_finished for r in runs):
+        return None
+    if not ended_in([r.run_id for r in runs]):
+        return None
+    succeeded = all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
+    return (
+        BulkActionStatus.COMPLETED_SUCCESS if succeeded else BulkActionStatus.COMPLETED_FAILED
+    ).value
+
+
 def wait_for_backfill(
     instance: dg.DagsterInstance,
     backfill_id: str,
@@ -193,9 +215,12 @@ def wait_for_backfill(
     timeout: float,
     poll: float = 2.0,
     on_poll: Callable[[], None] | None = None,
+    ended_in: Callable[[list[str]], bool] | None = None,
 ) -> str:
     """Wait until the backfill is done (the daemon must be running); returns its final status.
-    ``on_poll`` is called at every poll (to show progress)."""
+    ``on_poll`` is called at every poll (to show progress). With ``ended_in`` (whether all the
+    backfill's documents ended in these runs), it returns as soon as the work is done
+    (``settled_status``) instead of waiting for the daemon to record it."""
     deadline = time.monotonic() + timeout
     while True:
         if on_poll is not None:
@@ -205,6 +230,10 @@ def wait_for_backfill(
             raise KeyError(f"no backfill {backfill_id}")
         if backfill_ended(backfill):
             return str(backfill.status.value)
+        if ended_in is not None and backfill.status == BulkActionStatus.REQUESTED:
+            settled = settled_status(instance, backfill_id, ended_in)
+            if settled is not None:
+                return settled
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"backfill {backfill_id} still {backfill.status.value} after {timeout:g} s "

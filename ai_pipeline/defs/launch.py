@@ -160,12 +160,25 @@ class Launcher:
             with contextlib.suppress(Exception):
                 show(True)
 
-    def _wait(self, backfill_id: str, document_ids: Sequence[str], timeout: float) -> str:
-        """Wait for a backfill, showing its documents' progress; returns its final status."""
+    def _wait(
+        self,
+        backfill_id: str,
+        document_ids: Sequence[str],
+        timeout: float,
+        targeted: Sequence[str] | None = None,
+    ) -> str:
+        """Wait for a backfill of ``targeted`` (default: ``document_ids``), showing the progress
+        of ``document_ids``; returns its final status as soon as its runs have ended every
+        targeted document, without waiting for the backfill daemon's next loop to record it."""
         self.progress(f"waiting for backfill {backfill_id} (run by the daemon) …")
         show = self._watching(document_ids)
+        targeted = list(document_ids if targeted is None else targeted)
         status = wait_for_backfill(
-            self.instance, backfill_id, timeout=timeout, on_poll=lambda: show(False)
+            self.instance,
+            backfill_id,
+            timeout=timeout,
+            on_poll=lambda: show(False),
+            ended_in=lambda run_ids: self.store.documents.ended_in(targeted, run_ids),
         )
         # A document whose run died is not pending: it failed, retryably.
         reconcile(self.store, run_statuses(self.instance))
@@ -439,7 +452,9 @@ class Launcher:
                 tags={BATCH_TAG: batch_id},
             )
         if wait and out["backfill_id"]:
-            out["status"] = self._wait(out["backfill_id"], document_ids, timeout)
+            # A backfill found running covers the batch's pending documents as they were then.
+            targeted = None if out["already_running"] else pending
+            out["status"] = self._wait(out["backfill_id"], document_ids, timeout, targeted)
         out.update(self.batch_summary(batch_id))
         return out
 

@@ -23,6 +23,8 @@ from ai_pipeline.store.rows import DocumentRow, StoredDocument
 from ai_pipeline.store.tables import document_sources, documents
 
 _ROW_COLUMNS = [c for c in documents.columns if c.name != "text"]
+# The states in which a run leaves a document it has dealt with.
+ENDED = (State.COMPLETED, State.FAILED, State.DEAD_LETTER, State.CANCELLED)
 
 
 class ConcurrentChange(RuntimeError):
@@ -189,6 +191,29 @@ class Documents:
             return dict(counts)
 
         return self.db.read(count)
+
+    def ended_in(self, document_ids: Iterable[str], run_ids: Iterable[str]) -> bool:
+        """Whether every one of these documents has ended (COMPLETED, FAILED, DEAD_LETTER or
+        CANCELLED) in one of these runs: what a backfill's runs made of them, before Dagster's
+        backfill daemon comes round to saying so."""
+        wanted, runs = list(dict.fromkeys(document_ids)), list(run_ids)
+        if not runs:
+            return not wanted
+
+        def ended(conn: Connection) -> int:
+            found = 0
+            for i in range(0, len(wanted), IN_CHUNK):
+                query = (
+                    sa.select(sa.func.count())
+                    .select_from(documents)
+                    .where(documents.c.document_id.in_(wanted[i : i + IN_CHUNK]))
+                    .where(documents.c.state.in_([s.value for s in ENDED]))
+                    .where(documents.c.run_id.in_(runs))
+                )
+                found += int(conn.execute(query).scalar_one())
+            return found
+
+        return self.db.read(ended) == len(wanted)
 
     def sources(self, document_ids: Iterable[str] | None = None) -> dict[str, list[str]]:
         """Every file name each document arrived under, first seen first."""

@@ -5,10 +5,11 @@ through Dagster by ``process_inbox``) and checks what a rerun touched: the runs 
 they cover, the requests the simulator received per task id, the documents' states and Dagster's
 partition statuses. Backfills run only in a daemon (DESIGN.md, decision 7), so the tests marked
 ``daemon`` start a real ``dagster-daemon`` (and, for the UI, ``dagster-webserver``): the daemon
-fixture of ``conftest.py``, the processes of ``ai_pipeline_tests.dagster_procs``. Its backfill loop
-sleeps 30 s between iterations, so one backfill takes 30 to 60 s: to keep this file within a few
-minutes, only the UI test runs its daemon on both backends and each other daemon test on one (named
-at its ``parametrize``); the schedule function, which needs no daemon, runs on both.
+fixture of ``conftest.py``, the processes of ``ai_pipeline_tests.dagster_procs``, whose backfill
+loop pauses 3 s instead of Dagster's 30. Each daemon test runs on one backend (named at its
+``parametrize``), to keep the suite within CI's time: the nightly tick and the killed run worker
+(``test_one_owner``) run backfills under the daemon on PostgreSQL, the others on SQLite; the
+schedule function, which needs no daemon, runs on both.
 """
 
 from __future__ import annotations
@@ -174,6 +175,12 @@ def backfill_ended(instance: dg.DagsterInstance, backfill_id: str) -> bool:
     return backfill is not None and ended(backfill)
 
 
+def ended_backfills(instance: dg.DagsterInstance) -> list[Any]:
+    """Every backfill, once each has ended (else an empty list)."""
+    found = instance.get_backfills()
+    return found if found and all(ended(b) for b in found) else []
+
+
 def ended(backfill: Any) -> bool:
     from dagster._core.execution.backfill import BULK_ACTION_TERMINAL_STATUSES
 
@@ -211,6 +218,7 @@ def webserver(daemon: DagsterProcess, tmp_path: Path) -> Iterator[DagsterProcess
 
 @pytest.mark.daemon
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # one backend: see the docstring
 def test_ui_failed_backfill_reruns_only_the_failed_documents(
     instance: dg.DagsterInstance,
     simulator: Any,
@@ -344,9 +352,11 @@ def test_cli_backfill_plans_by_category_then_waits_for_the_daemon(
     )
 
     assert code == 0, out
-    (backfill,) = instance.get_backfills()
+    assert out["status"] == "COMPLETED_SUCCESS"
+    # --wait returned once the runs had ended the documents; the daemon's next loop agrees.
+    (backfill,) = wait_for(daemon, "the backfill's end recorded", lambda: ended_backfills(instance))
     assert backfill.backfill_id == out["backfill_id"]
-    assert backfill.status.value == out["status"] == "COMPLETED_SUCCESS"
+    assert backfill.status.value == out["status"]
     assert targeted(backfill) == {k: set(seeded.network) for k in ANALYSIS_KEYS}
     assert [(d["document_id"], d["state"]) for d in out["documents"]] == [
         (i, "COMPLETED") for i in seeded.network
@@ -360,6 +370,41 @@ def test_cli_backfill_plans_by_category_then_waits_for_the_daemon(
         low: ("FAILED", "LOW_CONFIDENCE")
     }
     assert dagster_failed(instance, seeded.ids) == [low]
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the wait knows no backend
+def test_backfill_wait_returns_when_its_runs_end_not_at_the_daemons_next_loop(
+    instance: dg.DagsterInstance,
+    simulator: Any,
+    daemon_env: None,
+    dagster_home: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Under Dagster's own 30 s backfill loop, ``backfill --failed --wait`` returns as soon as its
+    run has ended the documents, while the backfill is still recorded REQUESTED; the daemon's next
+    loop then records the status the command already printed."""
+    seeded = seed(tmp_path, simulator, count=3, network=(1,), low_confidence=())
+    simulator.set_faults([])
+    with running(
+        DagsterProcess.daemon(tmp_path / "daemon-30s.log", backfill_loop_seconds=30), dagster_home
+    ) as daemon:
+        daemon.start()
+
+        code, out = run_cli(capsys, "backfill", "--failed", "--wait", "--json")
+        returned_at = time.time()
+
+        assert (code, out["status"]) == (0, "COMPLETED_SUCCESS"), out
+        assert states(seeded.ids) == {i: ("COMPLETED", None) for i in seeded.ids}
+        backfill = instance.get_backfill(out["backfill_id"])
+        assert backfill is not None and backfill.status == BulkActionStatus.REQUESTED
+        (backfill,) = wait_for(
+            daemon, "the daemon's next loop", lambda: ended_backfills(instance), timeout=120
+        )
+        assert backfill.status.value == out["status"]
+        assert (backfill.backfill_end_timestamp or 0) > returned_at
 
 
 # --- 3. the nightly schedule ----------------------------------------------------------------------

@@ -253,3 +253,25 @@ def test_queue_moves_only_pending_documents(store: Store) -> None:
     counts = store.documents.count_by_state([d.document_id for d in docs])
     assert counts == {State.QUEUED: 599, State.RUNNING: 1}
     assert store.documents.queue([d.document_id for d in docs]) == 0
+
+
+def test_ended_in_says_whether_these_runs_ended_every_document(store: Store) -> None:
+    """True only when each document ended (completed, failed, …) in one of the runs named: one
+    still running, one ended in another run, one never registered each make it False."""
+    docs = [_doc(f"Contract {i} of Harbor Supplies.", f"c{i}.txt") for i in range(3)]
+    for d in docs:
+        store.documents.register(d)
+    a, b, c = (d.document_id for d in docs)
+    store.documents.queue([a, b, c])
+    for doc_id, run in ((a, "run-1"), (b, "run-2"), (c, "run-1")):
+        store.documents.transition(doc_id, State.RUNNING, run_id=run)
+    store.documents.transition(a, State.COMPLETED)
+    store.documents.transition(b, State.FAILED, category=Category.NETWORK_TIMEOUT)
+
+    assert store.documents.ended_in([a, b], ["run-1", "run-2"]) is True
+    assert store.documents.ended_in([a, b, c], ["run-1", "run-2"]) is False  # c still RUNNING
+    assert store.documents.ended_in([a, b], ["run-1"]) is False  # b ended in another run
+    assert store.documents.ended_in([a, "0" * 20], ["run-1"]) is False  # never registered
+    assert store.documents.ended_in([], []) is True
+    store.documents.transition(c, State.COMPLETED)
+    assert store.documents.ended_in([a, b, c], ["run-1", "run-2"]) is True
