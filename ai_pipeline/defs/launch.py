@@ -33,6 +33,7 @@ from ai_pipeline.defs.backfills import (
     active_backfill,
     launch_backfill,
     plan_failed_backfill,
+    settled_status,
     wait_for_backfill,
 )
 from ai_pipeline.defs.jobs import ANALYSIS_JOB_NAME, range_tags
@@ -437,6 +438,12 @@ class Launcher:
             "already_running": False,
         }
         running = active_backfill(self.instance, BATCH_TAG, batch_id) if pending else None
+        if running and settled_status(
+            self.instance, running, lambda runs: self.store.documents.ended_in(pending, runs)
+        ):
+            # Its runs are over and ended every document still pending (a `--wait` may have
+            # returned on that already): only the daemon's record says running. A new backfill.
+            running = None
         if running:
             # The batch's backfill is still queued or running: it covers these documents.
             out.update(backfill_id=running, already_running=True)

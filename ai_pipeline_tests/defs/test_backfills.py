@@ -375,7 +375,7 @@ def test_cli_backfill_plans_by_category_then_waits_for_the_daemon(
 @pytest.mark.daemon
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the wait knows no backend
-def test_backfill_wait_returns_when_its_runs_end_not_at_the_daemons_next_loop(
+def test_submit_wait_returns_when_its_runs_end_and_a_resubmission_launches_at_once(
     instance: dg.DagsterInstance,
     simulator: Any,
     daemon_env: None,
@@ -383,28 +383,43 @@ def test_backfill_wait_returns_when_its_runs_end_not_at_the_daemons_next_loop(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Under Dagster's own 30 s backfill loop, ``backfill --failed --wait`` returns as soon as its
-    run has ended the documents, while the backfill is still recorded REQUESTED; the daemon's next
-    loop then records the status the command already printed."""
+    """Under Dagster's own 30 s backfill loop: ``submit --wait`` returns as soon as its run has
+    ended the pending document (failed again), while the backfill is still recorded REQUESTED;
+    submitting again at once launches a new backfill (the first one's work is over) instead of
+    waiting for the first; the daemon then records for each the status the command printed."""
     seeded = seed(tmp_path, simulator, count=3, network=(1,), low_confidence=())
-    simulator.set_faults([])
+    (failing,) = seeded.network
+    submit = ("submit", str(seeded.inbox), "--batch", "b", "--wait", "--json")
     with running(
         DagsterProcess.daemon(tmp_path / "daemon-30s.log", backfill_loop_seconds=30), dagster_home
     ) as daemon:
         daemon.start()
 
-        code, out = run_cli(capsys, "backfill", "--failed", "--wait", "--json")
-        returned_at = time.time()
+        code, first = run_cli(capsys, *submit)  # the 503s go on: the document fails again
 
-        assert (code, out["status"]) == (0, "COMPLETED_SUCCESS"), out
-        assert states(seeded.ids) == {i: ("COMPLETED", None) for i in seeded.ids}
-        backfill = instance.get_backfill(out["backfill_id"])
-        assert backfill is not None and backfill.status == BulkActionStatus.REQUESTED
-        (backfill,) = wait_for(
-            daemon, "the daemon's next loop", lambda: ended_backfills(instance), timeout=120
+        assert (code, first["status"], first["failed_ids"]) == (1, "COMPLETED_FAILED", [failing])
+        recorded = instance.get_backfill(first["backfill_id"])
+        assert recorded is not None and recorded.status == BulkActionStatus.REQUESTED
+        simulator.set_faults([])
+
+        code, second = run_cli(capsys, *submit)
+
+        assert (code, second["already_running"], second["status"]) == (
+            0,
+            False,
+            "COMPLETED_SUCCESS",
         )
-        assert backfill.status.value == out["status"]
-        assert (backfill.backfill_end_timestamp or 0) > returned_at
+        assert second["backfill_id"] != first["backfill_id"]
+        assert states(seeded.ids) == {i: ("COMPLETED", None) for i in seeded.ids}
+        assert simulator.requests_for(task_of(failing)) >= 1
+        ended_ones = wait_for(
+            daemon,
+            "the daemon to record both backfills",
+            lambda: (found := ended_backfills(instance)) and len(found) == 2 and found,
+            timeout=150,
+        )
+        printed = {first["backfill_id"]: first["status"], second["backfill_id"]: second["status"]}
+        assert {b.backfill_id: b.status.value for b in ended_ones} == printed
 
 
 # --- 3. the nightly schedule ----------------------------------------------------------------------
