@@ -170,9 +170,11 @@ def create_app(settings: Settings | None = None, tenants: Tenants | None = None)
             document_id=tenant_document_id(tenant.tenant_id, doc.document_id),
             source=f"{SUBMITTED}{tenant.tenant_id}/{name}",
         )
+        # A PDF's text is not the original: keep its bytes for the review page's thumbnail.
+        original = data if doc.kind == "pdf" else None
         task = task_id(doc.document_id, ANALYSE_STEP, current_analysis().version, config.model)
         row, created = await in_thread(
-            lambda: store.tasks.submit(tenant.tenant_id, task, doc, name)
+            lambda: store.tasks.submit(tenant.tenant_id, task, doc, name, original)
         )
         current = await in_thread(lambda: view(store, row))
         estimate = 0 if current.final else await in_thread(lambda: estimator.seconds(doc.text))

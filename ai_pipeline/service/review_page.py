@@ -35,6 +35,7 @@ from ai_pipeline.review import MODEL_LAYER, WEB_REVIEWER, approve, open_items, r
 from ai_pipeline.service.tenants import Tenants
 from ai_pipeline.store import Store
 from ai_pipeline.store.rows import Decision, ReviewItem, ReviewStatus
+from ai_pipeline.tasks import SUBMITTED
 
 THUMBNAIL_WIDTH = 240
 FIRST_LINES = 12
@@ -86,7 +87,7 @@ def build_review_router(store: Store, secret: bytes) -> APIRouter:
         items = open_items(store, [wanted] if wanted else None)
         html = _templates.get_template("review.html").render(
             base=str(request.base_url).rstrip("/"),
-            items=[_row(item, secret) for item in items],
+            items=[_row(store, item, secret) for item in items],
             categories=sorted({c.value for c in Category if c.needs_person}),
             selected=wanted.value if wanted else "",
             notice=notice,
@@ -146,7 +147,7 @@ def build_review_router(store: Store, secret: bytes) -> APIRouter:
     @router.get("/review/{document_id}/thumbnail.png")
     async def thumbnail(document_id: str, who: Operator) -> Response:
         item = await asyncio.to_thread(store.reviews.get, document_id)
-        png = await asyncio.to_thread(pdf_thumbnail, item) if item else None
+        png = await asyncio.to_thread(pdf_thumbnail, store, item) if item else None
         if png is None:
             raise HTTPException(404, f"no thumbnail for {document_id}")
         return Response(png, media_type="image/png", headers={"Cache-Control": "private"})
@@ -161,7 +162,7 @@ def _category(value: str | None) -> Category | None:
         return None
 
 
-def _row(item: ReviewItem, secret: bytes) -> dict[str, Any]:
+def _row(store: Store, item: ReviewItem, secret: bytes) -> dict[str, Any]:
     snapshot = item.snapshot
     return {
         "document_id": item.document_id,
@@ -172,7 +173,7 @@ def _row(item: ReviewItem, secret: bytes) -> dict[str, Any]:
         "category": item.category.value,
         "error": item.error,
         "submitted": item.created_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        "thumbnail": _original(item) is not None,
+        "thumbnail": _original(store, item) is not None,
         "first_lines": "\n".join(snapshot.first_characters.splitlines()[:FIRST_LINES]),
         "model_layer": item.category in MODEL_LAYER,
         "token": _token(secret, item.document_id),
@@ -180,11 +181,14 @@ def _row(item: ReviewItem, secret: bytes) -> dict[str, Any]:
     }
 
 
-def _original(item: ReviewItem) -> bytes | None:
-    """A PDF's original bytes, when the file is still where it was registered and unchanged (a
-    PDF document's id is its bytes' content id)."""
+def _original(store: Store, item: ReviewItem) -> bytes | None:
+    """A PDF's original bytes: a submitted one's as uploaded (kept in the results database, since
+    a tenant's document id covers the tenant too), an inbox file's when it is still where it was
+    registered and unchanged (a PDF document's id is its bytes' content id)."""
     if item.snapshot.kind != "pdf":
         return None
+    if item.snapshot.source.startswith(SUBMITTED):
+        return store.tasks.original(item.document_id)
     path = Path(item.snapshot.source)
     try:
         data = path.read_bytes() if path.is_file() else None
@@ -193,11 +197,11 @@ def _original(item: ReviewItem) -> bytes | None:
     return data if data is not None and content_id(data) == item.document_id else None
 
 
-def pdf_thumbnail(item: ReviewItem) -> bytes | None:
+def pdf_thumbnail(store: Store, item: ReviewItem) -> bytes | None:
     """The first page of the item's PDF as a PNG ``THUMBNAIL_WIDTH`` pixels wide."""
     import pypdfium2 as pdfium
 
-    data = _original(item)
+    data = _original(store, item)
     if data is None:
         return None
     try:

@@ -15,6 +15,8 @@
 - ``submitter_messages``: the outbox of messages to whoever submitted a rejected document.
 - ``batches``: named sets of documents submitted together (the batch id is their content).
 - ``leases``: which run works on a task now, until when (one owner per task).
+- ``tenant_tasks``, ``tenant_uploads``: tasks submitted over HTTP, whose each is, and the original
+  bytes of a submitted PDF.
 """
 
 from typing import Any
@@ -215,6 +217,15 @@ tenant_tasks = sa.Table(
     sa.Column("document_id", sa.String(64), nullable=False, unique=True),
     sa.Column("name", sa.Text, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+# The original bytes of a binary file submitted over HTTP (a PDF): no file on disk holds it, and
+# the review page renders its first page from here.
+tenant_uploads = sa.Table(
+    "tenant_uploads",
+    metadata,
+    sa.Column("document_id", sa.String(64), primary_key=True),
+    sa.Column("data", sa.LargeBinary, nullable=False),
 )
 
 # Every LLM response that reported usage (and every request refused or lost, with none): what

@@ -3,7 +3,8 @@
 A task is a document's analysis (its task id is the document's ``analyse`` task id); the document
 is the tenant's own (its id covers the tenant as well as the content, ``ai_pipeline.service``), so
 two tenants submitting the same content get two tasks and never share a state. Registering the
-document and its task is one transaction: an upload is either wholly recorded or not at all.
+document, its task and (for a binary file such as a PDF, whose text is not the original) the
+uploaded bytes is one transaction: an upload is either wholly recorded or not at all.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ai_pipeline.states import State
 from ai_pipeline.store.database import Database
 from ai_pipeline.store.documents import Documents, utcnow
 from ai_pipeline.store.rows import aware
-from ai_pipeline.store.tables import documents, tenant_tasks
+from ai_pipeline.store.tables import documents, tenant_tasks, tenant_uploads
 
 
 @dataclass(frozen=True)
@@ -50,14 +51,26 @@ class TenantTasks:
         self.docs = docs
 
     def submit(
-        self, tenant_id: str, task_id: str, doc: Document, name: str
+        self,
+        tenant_id: str,
+        task_id: str,
+        doc: Document,
+        name: str,
+        original: bytes | None = None,
     ) -> tuple[TenantTask, bool]:
-        """Record the tenant's document and its task; the task already there (and False) when
-        this tenant submitted the same content before. Concurrent submissions of one content
-        make one task: the insert that loses the race finds the winner's row."""
+        """Record the tenant's document and its task (and ``original``, the uploaded bytes, when
+        given); the task already there (and False) when this tenant submitted the same content
+        before. Concurrent submissions of one content make one task: the insert that loses the
+        race finds the winner's row."""
 
         def record(conn: Connection) -> bool:
             self.docs.register_in(conn, [doc])
+            if original is not None:
+                conn.execute(
+                    self.db.insert(tenant_uploads)
+                    .values(document_id=doc.document_id, data=original)
+                    .on_conflict_do_nothing()
+                )
             inserted = conn.execute(
                 self.db.insert(tenant_tasks)
                 .values(
@@ -75,6 +88,13 @@ class TenantTasks:
         task = self.by_task_id(task_id)
         assert task is not None and task.tenant_id == tenant_id
         return task, created
+
+    def original(self, document_id: str) -> bytes | None:
+        """The uploaded bytes of a submitted document, when they were kept (a PDF's)."""
+        rows = self.db.rows(
+            sa.select(tenant_uploads.c.data).where(tenant_uploads.c.document_id == document_id)
+        )
+        return bytes(rows[0].data) if rows else None
 
     def by_task_id(self, task_id: str) -> TenantTask | None:
         rows = self.db.rows(sa.select(tenant_tasks).where(tenant_tasks.c.task_id == task_id))

@@ -5,12 +5,14 @@ standard message and nothing downstream happens."""
 
 from __future__ import annotations
 
+import io
 import shutil
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from PIL import Image
 
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.review import REJECTION_EN
@@ -110,3 +112,47 @@ def test_review_page_thumbnail_approve_and_reject(
     time.sleep(12)  # two more sensor intervals: still nothing for the rejected document
     assert simulator.requests_for(task_of(text_doc)) == 1
     assert store.documents.get(text_doc).state != State.COMPLETED  # type: ignore[union-attr]
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+def test_a_pdf_submitted_over_the_api_shows_its_first_page_in_review(
+    service: DagsterProcess, daemon: DagsterProcess, simulator: SimulatorServer
+) -> None:
+    """A PDF uploaded with POST /api/v1/tasks that the endpoint refuses (400) is in the review
+    queue with a thumbnail of its first page, rendered from the bytes as uploaded (no file on
+    disk holds them and its id covers the tenant, so it is not their content id)."""
+    simulator.set_faults([{"kind": "status", "status": 400, "match": "Northwind Traders"}])
+    response = httpx.post(
+        f"{service.url}/api/v1/tasks",
+        files={"file": (PDF.name, PDF.read_bytes(), "application/pdf")},
+        headers={"Authorization": "Bearer acme-key-1"},
+        timeout=30,
+    )
+    assert response.status_code == 202, response.text
+    task = response.json()["task_id"]
+    store = results_store()
+    submitted = store.tasks.get("acme", task)
+    assert submitted is not None
+    document_id = submitted.document_id
+    assert store.tasks.original(document_id) == PDF.read_bytes()
+    daemon.start()
+    wait_for(
+        daemon,
+        "the refused PDF in front of a person",
+        lambda: store.reviews.get(document_id) is not None,
+        timeout=120,
+    )
+    assert simulator.requests_for(task) == 1
+    item = store.reviews.get(document_id)
+    assert item is not None and item.category.value == "INPUT_QUALITY_ISSUE"
+    assert item.snapshot.source == f"api:acme/{PDF.name}"
+
+    operator = ("alice", OPERATOR_KEY)
+    png = httpx.get(f"{service.url}/review/{document_id}/thumbnail.png", auth=operator, timeout=30)
+    assert png.status_code == 200, png.text
+    assert png.headers["content-type"] == "image/png"
+    assert Image.open(io.BytesIO(png.content)).size[0] == 240
+    page = httpx.get(f"{service.url}/review", auth=operator, timeout=30)
+    assert page.status_code == 200
+    assert f'src="{service.url}/review/{document_id}/thumbnail.png"' in page.text
