@@ -23,6 +23,7 @@ from ai_pipeline.settings import Settings
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline.store.rows import DocumentRow
+from ai_pipeline.tasks import ANALYSE_STEP, task_suffix
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -48,7 +49,7 @@ def status_report(
     ids = [d.document_id for d in docs]
     sources = store.documents.sources(ids)
     results = {r.document_id: r for r in store.results.get(ids)}
-    current = current_versions()
+    current = current_task_suffix()
     rows = [_status_row(d, sources, results.get(d.document_id), current) for d in docs]
     if document_ids is not None:
         by_state = dict(sorted(Counter(r["state"] for r in rows).items()))
@@ -73,7 +74,7 @@ def status_report(
     if document_ids is not None:
         stale = sum(1 for r in rows if r["stale"])
     else:
-        stale = sum(store.results.count_stale(*current).values())
+        stale = sum(store.results.count_stale(current).values())
     return {
         "documents": rows,
         "omitted": omitted,
@@ -92,8 +93,14 @@ def current_versions(settings: Settings | None = None) -> tuple[str, str]:
     return current_analysis().version, (settings or Settings.load()).model
 
 
+def current_task_suffix(settings: Settings | None = None) -> str:
+    """What follows the document id in the task id of a current analysis: a result whose task id
+    is another is stale, whatever name the endpoint served its model under."""
+    return task_suffix(ANALYSE_STEP, *current_versions(settings))
+
+
 def _status_row(
-    d: DocumentRow, sources: dict[str, list[str]], result: Any, current: tuple[str, str]
+    d: DocumentRow, sources: dict[str, list[str]], result: Any, current: str
 ) -> dict[str, Any]:
     return {
         "document_id": d.document_id,
@@ -108,7 +115,7 @@ def _status_row(
         "rejected_by_reviewer": d.rejected_by_reviewer,
         "summary": result.summary if result else None,
         "sentiment": result.sentiment if result else None,
-        "stale": bool(result) and (result.prompt_version, result.model) != current,
+        "stale": bool(result) and result.task_id != d.document_id + current,
         "updated_at": d.updated_at.isoformat(),
     }
 
@@ -167,7 +174,7 @@ def build_report(
         "tokens": {"prompt": prompt_tokens, "completion": completion_tokens},
         "estimated_cost_usd": round(cost, 6),
         "spend": spend_report(store),
-        "stale": store.results.count_stale(*current_versions(settings)),
+        "stale": store.results.count_stale(current_task_suffix(settings)),
         "failed_documents": [
             {
                 "document_id": r["document_id"],

@@ -25,8 +25,15 @@ def task_id(document_id: str, step: str, prompt_version: str, model: str) -> str
     The model name is hashed (it may hold ``/`` or ``:``, e.g. ``meta-llama/Llama-3:8b``) so that the
     id stays safe in headers, file names and log prefixes.
     """
+    return document_id + task_suffix(step, prompt_version, model)
+
+
+def task_suffix(step: str, prompt_version: str, model: str) -> str:
+    """What follows the document id in every task id of this step, prompt version and model
+    (``-analyse-v1-1a2b3c4d``): the results store compares it in SQL to tell current analyses
+    from stale ones."""
     model_tag = hashlib.sha256(model.encode("utf-8")).hexdigest()[:8]
-    return f"{document_id}-{step}-{prompt_version}-{model_tag}"
+    return f"-{step}-{prompt_version}-{model_tag}"
 
 
 SECTION_STEP_PREFIX = f"{ANALYSE_STEP}.s"

@@ -26,6 +26,7 @@ def cmd_simulate_llm(args: argparse.Namespace) -> int:
         max_concurrency=args.max_concurrency,
         api_keys=set(args.api_key) if args.api_key else None,
         faults=faults,
+        served_model_suffix=args.served_model_suffix,
     )
     serve(config, host=args.host, port=args.port)
     return EXIT_OK
@@ -59,6 +60,12 @@ def add_commands(sub: Any) -> None:
         "--api-key", action="append", help="accept only this key (repeatable; default: any)"
     )
     p.add_argument("--faults", help='JSON file with fault rules ({"faults": [...]})')
+    p.add_argument(
+        "--served-model-suffix",
+        default="",
+        help="answer under the requested model name plus this, as OpenAI answers gpt-4o-mini as "
+        "gpt-4o-mini-2024-07-18 (default: the name requested)",
+    )
     p.set_defaults(func=cmd_simulate_llm)
 
     p = sub.add_parser(

@@ -53,7 +53,7 @@ from ai_pipeline.intake import (
 )
 from ai_pipeline.progress import Progress
 from ai_pipeline.reconcile import RUN_OVER, reconcile
-from ai_pipeline.reporting import current_versions, status_report
+from ai_pipeline.reporting import current_task_suffix, current_versions, status_report
 from ai_pipeline.review import approve as record_approval
 from ai_pipeline.settings import Settings
 from ai_pipeline.spend import BUDGET_TAG, Budget, batch_budget_key
@@ -376,7 +376,7 @@ class Launcher:
         analysis was made under another prompt version or model: their new task ids make new
         calls, and the analyses they replace stay in the results history."""
         version, model = current_versions(self.settings)
-        stale = self.store.results.stale(version, model)
+        stale = self.store.results.stale(current_task_suffix(self.settings))
         docs = {d.document_id: d for d in self.store.documents.rows(r.document_id for r in stale)}
         selected = [
             {

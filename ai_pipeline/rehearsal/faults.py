@@ -126,6 +126,9 @@ class SimulatorConfig:
     faults: list[FaultRule] = field(default_factory=list)
     hang_seconds: float = 30.0
     model: str = DEFAULT_MODEL
+    # Appended to the requested model in each reply's ``model``, as OpenAI answers a request for
+    # ``gpt-4o-mini`` as ``gpt-4o-mini-2024-07-18`` ("" answers with the name requested).
+    served_model_suffix: str = ""
 
     def __post_init__(self) -> None:
         if self.latency_ms < 0:

@@ -243,7 +243,7 @@ def create_app(config: SimulatorConfig) -> Starlette:
                 "id": f"chatcmpl-sim-{request_id}",
                 "object": "chat.completion",
                 "created": int(time.time()),
-                "model": model or config.model,
+                "model": (model or config.model) + config.served_model_suffix,
                 "choices": [
                     {
                         "index": 0,

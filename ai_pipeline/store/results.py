@@ -77,21 +77,28 @@ class Results:
         )
         return [dict(r._mapping) for r in self.db.rows(query)]
 
-    def stale(self, prompt_version: str, model: str) -> list[ResultRow]:
-        """The analyses made under another prompt version or model than these (the current
-        ones): what a re-analysis would change."""
+    @staticmethod
+    def _stale(current_suffix: str) -> sa.ColumnElement[bool]:
+        # Current iff the row's task is the analysis task of its document under the current
+        # prompt version and configured model (``ai_pipeline.tasks.task_suffix``). Not by the
+        # stored model: that is the name the endpoint served under (OpenAI answers a request for
+        # ``gpt-4o-mini`` as ``gpt-4o-mini-2024-07-18``), kept for display only.
+        return results.c.task_id != results.c.document_id + sa.literal(current_suffix)
+
+    def stale(self, current_suffix: str) -> list[ResultRow]:
+        """The analyses whose task id is not ``document id + current_suffix`` (made under
+        another prompt version or model than now): what a re-analysis would change."""
         query = (
-            sa.select(results)
-            .where(sa.or_(results.c.prompt_version != prompt_version, results.c.model != model))
-            .order_by(results.c.document_id)
+            sa.select(results).where(self._stale(current_suffix)).order_by(results.c.document_id)
         )
         return [ResultRow.from_row(r) for r in self.db.rows(query)]
 
-    def count_stale(self, prompt_version: str, model: str) -> dict[str, int]:
-        """How many analyses each other (prompt version, model) made: ``{"v1 / gpt-4o": n}``."""
+    def count_stale(self, current_suffix: str) -> dict[str, int]:
+        """How many stale analyses each (prompt version, served model) made:
+        ``{"v1 / gpt-4o-2024-08-06": n}``. One grouped query."""
         query = (
             sa.select(results.c.prompt_version, results.c.model, sa.func.count())
-            .where(sa.or_(results.c.prompt_version != prompt_version, results.c.model != model))
+            .where(self._stale(current_suffix))
             .group_by(results.c.prompt_version, results.c.model)
         )
         return {f"{v} / {m}": int(n) for v, m, n in self.db.rows(query)}

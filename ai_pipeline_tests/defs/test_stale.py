@@ -116,3 +116,38 @@ def test_a_model_change_is_backfilled_by_the_daemon_one_call_each(
     assert simulator.requests_for(task_id(bad, ANALYSE_STEP, "v1", "sim-analyst-2")) == 0
     code, status = run_cli(capsys, "status", "--json")
     assert status["counts"]["stale"] == 0
+
+
+def test_a_dated_served_model_name_leaves_nothing_stale(
+    instance: dg.DagsterInstance,
+    simulator,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An endpoint that answers under a dated model name (OpenAI: ``gpt-4o-mini`` →
+    ``gpt-4o-mini-2024-07-18``) leaves no analysis stale after a normal run — the name is kept
+    for display — while a prompt-version bump still makes exactly the completed ones stale."""
+    monkeypatch.setattr(simulator.config, "served_model_suffix", "-2024-07-18")
+    inbox, done, bad = _corpus(tmp_path, simulator)
+    store = results_store()
+    assert {r.model for r in store.results.get(done)} == {f"{TEST_MODEL}-2024-07-18"}
+
+    code, plan = run_cli(capsys, "backfill", "--stale", "--dry-run", "--json")
+    assert code == 0 and plan["selected"] == []
+    code, status = run_cli(capsys, "status", "--json")
+    assert status["counts"]["stale"] == 0
+    assert not any(d["stale"] for d in status["documents"])
+    assert build_report(store)["stale"] == {}
+    calls = simulator.stats()["total"]
+    code, out = run_cli(capsys, "backfill", "--stale", "--json")
+    assert code == 0 and out["backfill_id"] is None
+    assert simulator.stats()["total"] == calls
+
+    monkeypatch.setattr(prompts, "ANALYSIS", replace(prompts.ANALYSIS, version="v2"))
+
+    code, plan = run_cli(capsys, "backfill", "--stale", "--dry-run", "--json")
+    assert sorted(d["document_id"] for d in plan["selected"]) == done
+    assert build_report(store)["stale"] == {f"v1 / {TEST_MODEL}-2024-07-18": 4}
+    code, status = run_cli(capsys, "status", "--json")
+    assert status["counts"]["stale"] == 4

@@ -101,3 +101,35 @@ def test_result_json_columns_round_trip_chinese_lists(store: Store) -> None:
         assert isinstance(getattr(got, column), list)
     assert got.summary == row.summary
     assert (got.prompt_tokens, got.completion_tokens) == (120, 45)
+
+
+def test_stale_is_decided_by_task_id_not_by_the_served_model_name(store: Store) -> None:
+    """A row whose task id is its document's current analysis task is current, whatever model
+    name the endpoint served it under; a row of another prompt version is stale — in SQL."""
+    from ai_pipeline.tasks import ANALYSE_STEP, task_id, task_suffix
+
+    current = task_suffix(ANALYSE_STEP, "v2", "gpt-4o-mini")
+    fresh = replace(
+        _result_row("aa" * 8),
+        task_id=task_id("aa" * 8, ANALYSE_STEP, "v2", "gpt-4o-mini"),
+        model="gpt-4o-mini-2024-07-18",
+        prompt_version="v2",
+    )
+    old = replace(
+        _result_row("bb" * 8),
+        task_id=task_id("bb" * 8, ANALYSE_STEP, "v1", "gpt-4o-mini"),
+        model="gpt-4o-mini-2024-07-18",
+    )
+    other_model = replace(
+        _result_row("cc" * 8),
+        task_id=task_id("cc" * 8, ANALYSE_STEP, "v2", "gpt-4o"),
+        model="gpt-4o-2024-08-06",
+        prompt_version="v2",
+    )
+    store.results.upsert([fresh, old, other_model])
+
+    assert [r.document_id for r in store.results.stale(current)] == ["bb" * 8, "cc" * 8]
+    assert store.results.count_stale(current) == {
+        "v1 / gpt-4o-mini-2024-07-18": 1,
+        "v2 / gpt-4o-2024-08-06": 1,
+    }
