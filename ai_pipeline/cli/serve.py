@@ -13,11 +13,12 @@ GRACEFUL_SHUTDOWN_SECONDS = 5
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from ai_pipeline.service.app import create_app
+    from ai_pipeline.service.app import HEARTBEAT_SECONDS, create_app
     from ai_pipeline.settings import Settings
 
     overrides = {"tenants_file": args.tenants_file} if args.tenants_file else {}
-    app = create_app(Settings.load(**overrides))
+    heartbeat = HEARTBEAT_SECONDS if args.heartbeat_seconds is None else args.heartbeat_seconds
+    app = create_app(Settings.load(**overrides), heartbeat_seconds=heartbeat)
     # Open event streams would hold a graceful shutdown for ever: they get a few seconds.
     uvicorn.run(
         app,
@@ -46,9 +47,21 @@ def add_commands(sub: Any) -> None:
         "--tenants-file", help="tenants and API keys (default: AI_PIPELINE_TENANTS_FILE)"
     )
     p.add_argument(
+        "--heartbeat-seconds",
+        type=_positive_seconds,
+        help="seconds between the heartbeat comments of an event stream (default: 10)",
+    )
+    p.add_argument(
         "--log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug"],
         help="uvicorn's log level (default: %(default)s)",
     )
     p.set_defaults(func=cmd_serve)
+
+
+def _positive_seconds(value: str) -> float:
+    seconds = float(value)
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, not {value}")
+    return seconds

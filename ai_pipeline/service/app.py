@@ -98,7 +98,14 @@ def caller(
 Caller = Annotated[Tenant, Depends(caller)]
 
 
-def create_app(settings: Settings | None = None, tenants: Tenants | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    tenants: Tenants | None = None,
+    *,
+    heartbeat_seconds: float = HEARTBEAT_SECONDS,
+) -> FastAPI:
+    """The service's app; its event streams send a heartbeat comment every
+    ``heartbeat_seconds`` (so that proxies keep an idle stream open)."""
     config = settings or Settings.load()
     if tenants is None:
         if not config.tenants_file:
@@ -236,7 +243,7 @@ def create_app(settings: Settings | None = None, tenants: Tenants | None = None)
 
         return EventSourceResponse(
             _events(current, seen, refreshed, request, config.dagster_url),
-            ping=HEARTBEAT_SECONDS,
+            ping=heartbeat_seconds,
         )
 
     return app

@@ -36,7 +36,15 @@ def tenants_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
+def serve_args() -> list[str]:
+    """More arguments of ``ai-pipeline serve``; a test parametrizes it to start the service
+    otherwise (``@pytest.mark.parametrize("serve_args", [[...]])``)."""
+    return []
+
+
+@pytest.fixture
 def service(
+    serve_args: list[str],
     tmp_path: Path,
     dagster_home: Path,
     tenants_file: Path,
@@ -57,6 +65,7 @@ def service(
         str(port),
         "--log-level",
         "warning",
+        *serve_args,
     ]
     process = DagsterProcess("ai-pipeline serve", argv, tmp_path / "serve.log", port=port)
     # Its own process group must be gone after (``stop``); what else ran for the instance is the

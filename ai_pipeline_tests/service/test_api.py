@@ -9,7 +9,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -379,3 +379,78 @@ def test_a_60_section_document_killed_halfway_resumes_at_its_first_unfinished_se
         calls = llm.stats()["total"]
         assert 60 <= calls <= 60 + 4, (calls, at_kill)
         assert at_kill < 60
+
+
+def read_stream(
+    url: str,
+    tenant: str,
+    task: str,
+    last_event_id: str | None = None,
+    enough: Callable[[list[dict[str, Any]]], bool] = lambda events: False,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The events of a task's stream and its comment lines, until the server ends it or
+    ``enough`` says so of the events so far (then the client disconnects)."""
+    headers = auth(tenant) | ({"Last-Event-ID": last_event_id} if last_event_id else {})
+    events: list[dict[str, Any]] = []
+    comments: list[str] = []
+    current: dict[str, Any] = {}
+    with httpx.stream(
+        "GET", f"{url}/api/v1/tasks/{task}/events", headers=headers, timeout=DONE_SECONDS
+    ) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith(":"):
+                comments.append(line)
+            elif not line:
+                if current:
+                    events.append(current)
+                    if enough(events):
+                        break
+                current = {}
+            else:
+                field, _, value = line.partition(":")
+                current[field] = json.loads(value) if field == "data" else value.strip()
+    return events, comments
+
+
+@pytest.mark.slow
+@pytest.mark.daemon
+@pytest.mark.parametrize("serve_args", [["--heartbeat-seconds", "1"]])
+def test_a_sectioned_task_streams_growing_progress_and_resumes_after_a_disconnect(
+    service: DagsterProcess, daemon: DagsterProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A six-section document analysed one section at a time: its stream sends progress events
+    with strictly growing ids and heartbeat comments; a client that disconnects mid-run and
+    reconnects with ``Last-Event-ID`` gets only later progress, then exactly one ``completed``."""
+    clauses = "\n".join(
+        f"{i}. Clause {i}: Harbor Supplies delivers order {i} to Lisbon on time." for i in range(6)
+    )
+    monkeypatch.setenv(
+        "AI_PIPELINE_SECTION_CHARS", str(max(len(line) for line in clauses.splitlines()) + 1)
+    )
+    with own_simulator(monkeypatch, latency_ms=700, concurrency=1) as llm:
+        task = submit(service.url, "acme", clauses, "clauses.txt").json()["task_id"]
+        daemon.start()
+
+        def mid_run(events: list[dict[str, Any]]) -> bool:
+            progress = [e for e in events if e.get("event") == "progress"]
+            return len(progress) >= 2 and progress[-1]["data"]["progress"] >= 10
+
+        first, comments = read_stream(service.url, "acme", task, enough=mid_run)
+        assert [e["event"] for e in first][:1] == ["status"]
+        assert not [e for e in first if e["event"] in ("completed", "error")], first
+        assert any(c.startswith(": ping") for c in comments), comments
+        seen = [int(e["id"]) for e in first if e["event"] == "progress"]
+        assert len(seen) >= 2 and seen == sorted(set(seen)), seen
+
+        again, _ = read_stream(service.url, "acme", task, last_event_id=str(seen[-1]))
+        assert again[0]["event"] == "status" and "id" not in again[0]
+        later = [int(e["id"]) for e in again if e["event"] == "progress"]
+        assert later and later == sorted(set(later)) and later[0] > seen[-1], (seen, later)
+        finals = [e for e in again if e["event"] in ("completed", "error")]
+        assert [e["event"] for e in finals] == ["completed"] and again[-1] is finals[0]
+        assert finals[0]["id"] == "1000" and finals[0]["data"]["sections"] == {
+            "done": 6,
+            "total": 6,
+        }
+        assert llm.stats()["total"] == 6
