@@ -454,3 +454,55 @@ def test_a_sectioned_task_streams_growing_progress_and_resumes_after_a_disconnec
             "total": 6,
         }
         assert llm.stats()["total"] == 6
+
+
+def listing(url: str, tenant: str, **params: Any) -> httpx.Response:
+    return httpx.get(f"{url}/api/v1/tasks", params=params, headers=auth(tenant), timeout=30)
+
+
+def test_listing_filters_by_status_and_pages_with_a_total(
+    service: DagsterProcess, simulator: SimulatorServer
+) -> None:
+    """``status`` keeps the tasks in that state, ``limit``/``offset`` page the tenant's tasks
+    newest first and ``total`` counts every match, whatever the page; bad parameters are 422."""
+    url = service.url
+    tasks = [submit(url, "acme", sample_text(7300 + i)).json()["task_id"] for i in range(5)]
+    submit(url, "globex", sample_text(7399))
+    cancelled = [tasks[1], tasks[3]]
+    for task in cancelled:
+        response = httpx.delete(f"{url}/api/v1/tasks/{task}", headers=auth("acme"), timeout=30)
+        assert response.status_code == 200, response.text
+    newest_first = tasks[::-1]
+
+    def ids(response: httpx.Response) -> list[str]:
+        assert response.status_code == 200, response.text
+        return [t["task_id"] for t in response.json()["tasks"]]
+
+    everything = listing(url, "acme")
+    assert ids(everything) == newest_first and everything.json()["total"] == 5
+    only = listing(url, "acme", status="CANCELLED")
+    assert ids(only) == cancelled[::-1] and only.json()["total"] == 2
+    assert {t["status"] for t in only.json()["tasks"]} == {"CANCELLED"}
+    waiting = listing(url, "acme", status="PENDING")
+    assert ids(waiting) == [t for t in newest_first if t not in cancelled]
+    assert waiting.json()["total"] == 3
+    assert listing(url, "acme", status="COMPLETED").json() == {
+        "tasks": [],
+        "total": 0,
+        "limit": 50,
+        "offset": 0,
+    }
+    pages = [listing(url, "acme", limit=2, offset=offset) for offset in (0, 2, 4, 6)]
+    assert [ids(p) for p in pages] == [newest_first[:2], newest_first[2:4], newest_first[4:], []]
+    assert [p.json()["total"] for p in pages] == [5, 5, 5, 5]
+    assert [(p.json()["limit"], p.json()["offset"]) for p in pages] == [
+        (2, 0),
+        (2, 2),
+        (2, 4),
+        (2, 6),
+    ]
+    second = listing(url, "acme", status="PENDING", limit=2, offset=2)
+    assert ids(second) == [tasks[0]] and second.json()["total"] == 3
+    for bad in ({"status": "DONE"}, {"limit": 0}, {"limit": 501}, {"offset": -1}):
+        assert listing(url, "acme", **bad).status_code == 422, bad
+    assert simulator.stats()["total"] == 0
