@@ -41,17 +41,24 @@ plan_events_per_run()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that start Dagster processes first, then the other slow ones, then the rest.
-    With ``--maxschedchunk 2`` (pyproject.toml) a worker takes the next two tests whenever it runs
-    short, so the long tests spread over every worker from the start and the short ones fill the
-    gaps at the end, instead of one worker's consecutive share holding all the long ones."""
-
-    def weight(item: pytest.Item) -> int:
-        if item.get_closest_marker("daemon"):
-            return 0
-        return 1 if item.get_closest_marker("slow") else 2
-
-    items.sort(key=weight)
+    """Spread the long tests (those that start Dagster processes, then the other slow ones) over
+    the first part of the run, a few short ones between two of them. With ``--maxschedchunk 2``
+    (pyproject.toml) a worker takes the next two tests whenever it runs short, so each worker
+    alternates: the long tests, mostly waiting on daemons, overlap the short ones, mostly busy in
+    their worker, and no long test starts late enough to be the last one running. In collection
+    order (one worker's consecutive share), the long ones would run one after another at the end.
+    """
+    long = [i for i in items if i.get_closest_marker("daemon")]
+    long += [i for i in items if i.get_closest_marker("slow") and i not in long]
+    short = [i for i in items if i not in long]
+    # The long tests end before the last third of the short ones.
+    per_long = max(1, (2 * len(short)) // (3 * max(1, len(long))))
+    ordered: list[pytest.Item] = []
+    for n, item in enumerate(long):
+        ordered.append(item)
+        ordered.extend(short[n * per_long : (n + 1) * per_long])
+    ordered.extend(short[len(long) * per_long :])
+    items[:] = ordered
 
 
 @pytest.fixture(scope="session")
