@@ -11,8 +11,10 @@ from ai_pipeline.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
     UsageError,
+    add_budget_flags,
     add_output_flags,
     add_wait_flags,
+    budget_of,
     categories,
     exit_code,
     launcher,
@@ -39,8 +41,10 @@ def _since(value: str | None) -> datetime | None:
 def cmd_backfill(args: argparse.Namespace) -> int:
     if args.failed == args.stale:
         raise UsageError("say what to backfill: --failed or --stale (one of them)")
-    if args.stale and (args.category or args.since):
-        raise UsageError("--category and --since select failed documents: use them with --failed")
+    if args.stale and (args.category or args.since or budget_of(args)):
+        raise UsageError(
+            "--category, --since and --budget-* are for failed documents: use them with --failed"
+        )
     if args.stale:
         out = launcher(args).backfill_stale(
             dry_run=args.dry_run, wait=args.wait, timeout=args.timeout
@@ -52,6 +56,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             dry_run=args.dry_run,
             wait=args.wait,
             timeout=args.timeout,
+            budget=budget_of(args),
         )
     if args.json:
         print_json(out)
@@ -98,7 +103,9 @@ def add_commands(sub: Any) -> None:
         description="Select documents that failed (in Dagster or here), by category and time, and "
         "launch a real Dagster backfill for them (the daemon runs it; it shows on the UI's "
         f"Backfills page). By default the categories that need a person are left out "
-        f"({NEEDS_PERSON}); DEAD_LETTER documents always are. --stale selects instead the "
+        f"({NEEDS_PERSON}), and so are BUDGET_REACHED ones unless selected by --category with "
+        "a budget (--budget-tokens/--budget-usd, shared by all the backfill's runs); DEAD_LETTER "
+        "documents always are. --stale selects instead the "
         "completed documents analysed under another prompt version or model than now: each "
         "makes one new call, and its earlier analysis is kept in the results history.",
     )
@@ -111,6 +118,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--category", action="append", metavar="C", help="only this category")
     p.add_argument("--since", metavar="T", help="only documents that failed at or after T (ISO)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, launch nothing")
+    add_budget_flags(p, "the backfill (all its runs together)")
     add_wait_flags(p, "the backfill")
     add_output_flags(p)
     p.set_defaults(func=cmd_backfill)

@@ -6,6 +6,11 @@ the categories that need a person (input quality, model refusals and schema prob
 business rejection) are left out, and so are DEAD_LETTER documents (their retry budget spent) until
 ``ai-pipeline requeue`` puts them back, and documents a reviewer rejected.
 
+BUDGET_REACHED documents were stopped by a budget, so a rerun without one would spend what that
+budget refused: no automatic retry (the nightly schedule, ``backfill --failed``) picks them. They
+continue in a launch that carries a budget — the batch submitted again with a larger one, or
+``backfill --failed --category BUDGET_REACHED --budget-tokens/--budget-usd``.
+
 The backfill is a real one: it shows on the UI's Backfills page and the daemon runs it, in runs of
 contiguous documents (the assets' ``BackfillPolicy``); checkpoints make every rerun free of repeated
 LLM calls.
@@ -77,8 +82,10 @@ def plan_failed_backfill(
     *,
     categories: Iterable[Category] | None = None,
     since: datetime | None = None,
+    budgeted: bool = False,
 ) -> BackfillPlan:
-    """Documents FAILED in Dagster or in the store, filtered by category and time."""
+    """Documents FAILED in Dagster or in the store, filtered by category and time. BUDGET_REACHED
+    ones only when asked for by category and the backfill carries a budget (``budgeted``)."""
     wanted = set(categories) if categories else None
     keys = instance.get_dynamic_partitions(PARTITIONS_NAME)
     partitions = set(keys)
@@ -105,7 +112,7 @@ def plan_failed_backfill(
             attempts=doc.attempts,
             error=doc.last_error,
         )
-        reason = _skip_reason(doc, wanted, since)
+        reason = _skip_reason(doc, wanted, since, budgeted)
         if reason:
             plan.skipped.append(Candidate(**{**asdict(candidate), "skipped": reason}))
         elif doc.document_id in partitions:
@@ -114,7 +121,7 @@ def plan_failed_backfill(
 
 
 def _skip_reason(
-    doc: DocumentRow, wanted: set[Category] | None, since: datetime | None
+    doc: DocumentRow, wanted: set[Category] | None, since: datetime | None, budgeted: bool
 ) -> str | None:
     if doc.state == State.DEAD_LETTER:
         return "dead letter: retry budget spent (ai-pipeline requeue puts it back)"
@@ -126,6 +133,11 @@ def _skip_reason(
             return f"category {category.value if category else 'none'} not selected"
     elif category is not None and category.needs_person:
         return f"{category.value} needs a person (ai-pipeline review)"
+    if category == Category.BUDGET_REACHED and (wanted is None or not budgeted):
+        return (
+            "held by a budget: continues under one (submit its batch again with a larger "
+            "budget, or backfill --failed --category BUDGET_REACHED --budget-tokens/--budget-usd)"
+        )
     if since is not None and doc.updated_at < since:
         return "failed before --since"
     return None

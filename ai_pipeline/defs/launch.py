@@ -347,22 +347,39 @@ class Launcher:
         dry_run: bool = False,
         wait: bool = False,
         timeout: float = 1800,
+        budget: Budget | None = None,
     ) -> dict[str, Any]:
-        """Plan (and unless ``dry_run`` launch) a backfill of the failed documents a rerun can fix."""
+        """Plan (and unless ``dry_run`` launch) a backfill of the failed documents a rerun can fix.
+        With a budget, all the backfill's runs share it, and BUDGET_REACHED documents can be
+        selected (by category): without one they stay held."""
         categories = list(categories or [])
-        plan = plan_failed_backfill(self.instance, self.store, categories=categories, since=since)
+        plan = plan_failed_backfill(
+            self.instance,
+            self.store,
+            categories=categories,
+            since=since,
+            budgeted=budget is not None,
+        )
         out: dict[str, Any] = {
             "dry_run": dry_run,
             "selected": [c.as_dict() for c in plan.selected],
             "skipped": [c.as_dict() for c in plan.skipped],
             "backfill_id": None,
+            "budget": None,
         }
         if dry_run or not plan.selected:
             return out
         names = ", ".join(c.value for c in categories)
         title = "failed documents" + (f" ({names})" if categories else "")
+        tags = {}
+        if budget is not None:
+            key = f"launch:{uuid.uuid4().hex}"
+            out["budget"] = self.store.spend.set_budget(
+                key, tokens=budget.tokens, usd=budget.usd
+            ).as_dict()
+            tags[BUDGET_TAG] = key
         out["backfill_id"] = launch_backfill(
-            self.instance, self._asset_graph(), plan.document_ids, title=title
+            self.instance, self._asset_graph(), plan.document_ids, title=title, tags=tags
         )
         if wait:
             out["status"] = self._wait(out["backfill_id"], plan.document_ids, timeout)

@@ -3,7 +3,9 @@
 The schedule launches a real backfill of the retryable failures (the daemon runs it); the
 ``nightly_report_sensor`` then materializes the report once that backfill has ended, whatever its
 outcome, so the report always describes the state after the night's retries. With nothing to retry
-the schedule requests the report directly. Its cron and timezone are read when the code location
+the schedule requests the report directly. Documents a budget stopped (BUDGET_REACHED) are not
+retried here: a rerun with no budget would spend what the budget refused (``plan_failed_backfill``).
+Its cron and timezone are read when the code location
 loads (``AI_PIPELINE_NIGHTLY_CRON``, ``AI_PIPELINE_TIMEZONE``), so it is built by
 ``build_nightly_retry_schedule`` in ``ai_pipeline.definitions``.
 """

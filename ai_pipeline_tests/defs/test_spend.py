@@ -20,10 +20,12 @@ from ai_pipeline_tests.support import (
     cli,
     doc_id,
     latest_materialization,
+    launcher,
     make_inbox,
     own_simulator,
     process_inbox,
     results_store,
+    run_cli,
     sample_text,
     task_of,
 )
@@ -75,6 +77,77 @@ def test_a_token_budget_stops_calls_before_it_is_exceeded_and_a_later_launch_con
         assert simulator.requests_for(task_of(d)) == 1
         assert _used(store, task_of(d)) == simulator.tokens_for(task_of(d))
     assert second["budget"]["spent_tokens"] == simulator.stats()["tokens"] - spent_at_simulator
+
+
+def test_budget_held_documents_wait_for_a_launch_with_budget(
+    instance: dg.DagsterInstance,
+    simulator,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Documents a budget stopped are not retried by the nightly tick nor by ``backfill
+    --failed`` (no backfill, no call), nor by ``--category BUDGET_REACHED`` without a budget;
+    with ``--budget-tokens`` the backfill's runs share that budget and complete them, one call
+    each."""
+    from datetime import datetime, timezone
+
+    from ai_pipeline.definitions import defs
+    from ai_pipeline.defs.resources import ResultsStore
+    from ai_pipeline.spend import BUDGET_TAG
+
+    monkeypatch.setenv("AI_PIPELINE_COMPLETION_RESERVE_TOKENS", "300")
+    texts = [sample_text(200 + i) for i in range(8)]
+    inbox = make_inbox(tmp_path / "inbox", {f"d{i}.txt": t for i, t in enumerate(texts)})
+    ids = [doc_id(t) for t in texts]
+    process_inbox(inbox, budget=Budget(tokens=1500))
+    store = results_store()
+    held = [d.document_id for d in store.documents.rows(ids) if d.state != State.COMPLETED]
+    assert held and len(held) < len(ids)
+    assert {store.documents.get(d).category for d in held} == {Category.BUDGET_REACHED}  # type: ignore[union-attr]
+    calls = simulator.stats()["total"]
+
+    context = dg.build_schedule_context(
+        instance=instance,
+        scheduled_execution_time=datetime(2026, 3, 14, 2, 0, tzinfo=timezone.utc),
+        resources={"results_store": ResultsStore()},
+        repository_def=defs.get_repository_def(),
+    )
+    tick = defs.get_repository_def().get_schedule_def("nightly_retry_schedule")(context)
+    assert isinstance(tick, dg.RunRequest), tick  # nothing to retry: straight to the report
+    code, out = run_cli(capsys, "backfill", "--failed", "--json")
+    assert (code, out["selected"], out["backfill_id"]) == (0, [], None)
+    assert sorted(d["document_id"] for d in out["skipped"]) == sorted(held)
+    assert all("held by a budget" in d["skipped"] for d in out["skipped"])
+    code, out = run_cli(capsys, "backfill", "--failed", "--category", "BUDGET_REACHED", "--json")
+    assert (out["selected"], out["backfill_id"]) == ([], None)
+    assert instance.get_backfills() == []
+    assert simulator.stats()["total"] == calls
+
+    code, out = run_cli(
+        capsys,
+        "backfill",
+        "--failed",
+        "--category",
+        "BUDGET_REACHED",
+        "--budget-tokens",
+        "100000",
+        "--json",
+    )
+
+    assert sorted(d["document_id"] for d in out["selected"]) == sorted(held)
+    (backfill,) = instance.get_backfills()
+    assert backfill.backfill_id == out["backfill_id"]
+    key = backfill.tags[BUDGET_TAG]
+    assert out["budget"]["key"] == key and out["budget"]["limit_tokens"] == 100_000
+    # What the daemon's runs of this backfill do, under its tags, here in this process.
+    launcher().execute(held, budget=key)
+    assert {d.state for d in store.documents.rows(ids)} == {State.COMPLETED}
+    assert simulator.stats()["total"] == calls + len(held)
+    assert all(simulator.requests_for(task_of(d)) == 1 for d in held)
+    state = store.spend.budget(key)
+    assert state is not None and state.reserved_tokens == 0
+    assert state.spent_tokens == sum(simulator.tokens_for(task_of(d)) for d in held)
 
 
 def test_every_attempt_is_recorded_with_the_usage_the_simulator_reported(
