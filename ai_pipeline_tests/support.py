@@ -157,12 +157,20 @@ def instance_yaml_on_postgres(
     host: str, port: int | str, db_name: str, user: str = "postgres"
 ) -> str:
     """The checkout's dagster.yaml with the instance's storage on this PostgreSQL database."""
+    from ai_pipeline.defs.pg_storage import storage_yaml
     from ai_pipeline.defs.sqlite_storage import without_sqlite_event_log
 
-    return without_sqlite_event_log((REPO / "dagster.yaml").read_text()) + (
-        "\nstorage:\n  postgres:\n    postgres_db:\n"
-        f"      hostname: {host}\n      port: {port}\n      db_name: {db_name}\n"
-        f"      username: {user}\n      scheme: postgresql+psycopg2\n"
+    database = {
+        "hostname": host,
+        "port": port,
+        "db_name": db_name,
+        "username": user,
+        "scheme": "postgresql+psycopg2",
+    }
+    return (
+        without_sqlite_event_log((REPO / "dagster.yaml").read_text())
+        + "\n"
+        + storage_yaml(postgres_db=database)
     )
 
 

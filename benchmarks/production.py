@@ -19,7 +19,8 @@ run; its time is reported as a share of the first pass. ``--peer-documents`` run
 path (``AI_PIPELINE_BACKFILL_RUN_SIZE=1``) and reports the ratio of seconds per document.
 
     python benchmarks/production.py [--documents 1000] [--latency-ms 1000] [--concurrency 16]
-        [--runs 4] [--run-size 100] [--backend sqlite|postgres] [--peer-documents 0] [--json]
+        [--runs 4] [--run-size 100] [--backend sqlite|postgres] [--dagster-postgres-storage]
+        [--peer-documents 0] [--json]
 
 Exit code 0 when every document completed with exactly one LLM request each, 1 otherwise.
 """
@@ -244,7 +245,9 @@ def one_pass(
         root / name / "inbox", range(n) if name == "main" else range(10**6, 10**6 + n)
     )
     pg_url, drop = pg_database() if args.backend == "postgres" else (None, None)
-    (home / "dagster.yaml").write_text(instance_yaml(args.runs, pg_url), encoding="utf-8")
+    (home / "dagster.yaml").write_text(
+        instance_yaml(args.runs, pg_url, pooled=not args.dagster_postgres_storage), encoding="utf-8"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("AI_PIPELINE_")}
     env.update(
         DAGSTER_HOME=str(home),
@@ -336,6 +339,12 @@ def main() -> int:
         action="store_true",
         help="leave DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS unset (Dagster's default)",
     )
+    parser.add_argument(
+        "--dagster-postgres-storage",
+        action="store_true",
+        help="with --backend postgres: dagster-postgres's storage (a connection per call) instead "
+        "of the pooled one of deploy/dagster.yaml",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -348,6 +357,9 @@ def main() -> int:
         "commit": git_commit() or "unknown",
         "machine": machine_info(),
         "llm_bound_docs_per_second": limit,
+        "instance_storage": "sqlite"
+        if args.backend == "sqlite"
+        else ("dagster-postgres" if args.dagster_postgres_storage else "pooled postgres"),
     }
     root = Path(tempfile.mkdtemp(prefix="aip-prod-"))
     cpu_self = time.process_time()

@@ -210,9 +210,12 @@ def configure(
         os.environ["AI_PIPELINE_DOCUMENTS_PER_RUN"] = str(documents_per_run)
 
 
-def instance_yaml(max_concurrent_runs: int | None = None, pg_url: str | None = None) -> str:
+def instance_yaml(
+    max_concurrent_runs: int | None = None, pg_url: str | None = None, *, pooled: bool = True
+) -> str:
     """The checkout's dagster.yaml, with another run queue size, or on PostgreSQL (its SQLite
-    event-log section then left out: Dagster refuses both)."""
+    event-log section then left out: Dagster refuses both) through the pooled storage of
+    ``deploy/dagster.yaml`` or, with ``pooled=False``, dagster-postgres's own."""
     text = (REPO / "dagster.yaml").read_text(encoding="utf-8")
     if max_concurrent_runs is not None:
         text = re.sub(
@@ -224,7 +227,12 @@ def instance_yaml(max_concurrent_runs: int | None = None, pg_url: str | None = N
         text = without_sqlite_event_log(text)
         # psycopg2 by name: SQLAlchemy 2.1 maps postgresql:// to psycopg 3 (see deploy/dagster.yaml).
         url = pg_url.replace("postgresql://", "postgresql+psycopg2://", 1)
-        text += f"\nstorage:\n  postgres:\n    postgres_url: {url}\n"
+        if pooled:
+            from ai_pipeline.defs.pg_storage import storage_yaml
+
+            text += "\n" + storage_yaml(postgres_url=url)
+        else:
+            text += f"\nstorage:\n  postgres:\n    postgres_url: {url}\n"
     return text
 
 

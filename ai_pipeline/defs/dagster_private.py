@@ -18,6 +18,10 @@ Each has no public equivalent in that release; when Dagster changes, this is the
   embedded default's event log, subclassed to keep its engines (``ai_pipeline.defs.sqlite_storage``;
   it overrides ``_connect``, so check that method's body when Dagster changes), and
   ``DynamicPartitionsTable``, whose rows it reads to keep the keys of dynamic partitions.
+- ``pg_config``: the configuration schema of dagster-postgres's storage, which the production
+  instance's pooled storage (``ai_pipeline.defs.pg_storage``) extends; that module also replaces
+  each dagster-postgres storage's ``_engine`` (check ``_connect`` there when dagster-postgres
+  changes).
 - ``BULK_ACTION_TERMINAL_STATUSES``, ``BulkActionStatus``, ``BulkActionsFilter``: the statuses in
   which a backfill is over, and the filter to list those that are not (a batch re-submitted while
   its backfill is still queued or running must not launch a second one).
@@ -37,6 +41,7 @@ from dagster._core.execution.backfill import (
     BulkActionStatus,
     PartitionBackfill,
 )
+from dagster._core.storage.config import pg_config
 from dagster._core.storage.event_log.schema import DynamicPartitionsTable
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
@@ -77,6 +82,7 @@ __all__ = [
     "ConfigurableClassData",
     "SqliteEventLogStorage",
     "DynamicPartitionsTable",
+    "pg_config",
     "AssetMaterializationPlannedData",
     "DagsterEvent",
     "PLANNED_EVENTS_SWITCH",

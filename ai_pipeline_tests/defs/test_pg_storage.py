@@ -1,0 +1,88 @@
+"""The production instance's storage (``deploy/dagster.yaml``): dagster-postgres's, keeping its
+connections between calls, and replacing one that the server dropped."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+
+from ai_pipeline.defs.pg_storage import PooledPostgresStorage
+from ai_pipeline_tests.postgres import PG_HOST, PG_PORT, PG_USER, PostgresDatabases
+from ai_pipeline_tests.support import REPO
+
+pytestmark = pytest.mark.postgres
+
+
+def _connections(engine: sa.engine.Engine) -> list[int]:
+    """A list that grows by one for every new connection the engine opens."""
+    opened: list[int] = []
+    sa.event.listen(engine, "connect", lambda *_: opened.append(1))
+    return opened
+
+
+@pytest.fixture
+def deployed_instance(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    postgres_databases: PostgresDatabases,
+    pg_skip_reason: str | None,
+) -> dg.DagsterInstance:
+    from ai_pipeline_tests.postgres import skip_or_fail
+
+    if pg_skip_reason:
+        skip_or_fail(pg_skip_reason)
+    name = postgres_databases.create("dagster")
+    shutil.copy(REPO / "deploy" / "dagster.yaml", tmp_path / "dagster.yaml")
+    for var, value in {
+        "DAGSTER_PG_HOST": PG_HOST,
+        "DAGSTER_PG_PORT": str(PG_PORT),
+        "DAGSTER_PG_DB": name,
+        "DAGSTER_PG_USERNAME": PG_USER,
+        "DAGSTER_PG_PASSWORD": "",
+    }.items():
+        monkeypatch.setenv(var, value)
+    return dg.DagsterInstance.from_config(str(tmp_path))
+
+
+def test_the_deployed_instance_keeps_its_connections(deployed_instance: dg.DagsterInstance) -> None:
+    """Forty event writes and a read through deploy/dagster.yaml's storage open two connections
+    at most, where dagster-postgres's own storage opens one per call."""
+    with deployed_instance as instance:
+        ref = instance.get_ref()
+        assert ref.storage_data is not None
+        assert ref.storage_data.class_name == PooledPostgresStorage.__name__
+        storage = instance.event_log_storage
+        opened = _connections(storage._engine)  # type: ignore[attr-defined]  # noqa: SLF001
+        for i in range(40):
+            instance.report_runless_asset_event(dg.AssetMaterialization("probe", metadata={"i": i}))
+        records = instance.fetch_materializations(dg.AssetKey("probe"), limit=100).records
+        assert len(records) == 40
+        assert len(opened) <= 2  # a call may hold two at once; dagster-postgres: one per call
+
+
+def test_a_connection_the_server_dropped_is_replaced(
+    deployed_instance: dg.DagsterInstance, postgres_databases: PostgresDatabases
+) -> None:
+    """After the server ends every session of the instance's database (as a restart does), the
+    next writes go through on new connections instead of failing on the kept one."""
+    with deployed_instance as instance:
+        instance.report_runless_asset_event(dg.AssetMaterialization("probe"))
+        assert instance.get_runs_count() == 0
+        database = instance.event_log_storage._engine.url.database  # type: ignore[attr-defined]  # noqa: SLF001
+        with postgres_databases.engine.connect() as conn:
+            ended = conn.execute(
+                sa.text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = :name AND pid <> pg_backend_pid()"
+                ),
+                {"name": database},
+            ).scalar_one()
+        assert ended >= 1  # the kept connection was there, and is gone now
+        instance.report_runless_asset_event(dg.AssetMaterialization("probe"))
+        assert instance.get_runs_count() == 0  # the run storage's kept connection too
+        records = instance.fetch_materializations(dg.AssetKey("probe"), limit=10).records
+        assert len(records) == 2
