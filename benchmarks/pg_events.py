@@ -105,7 +105,9 @@ def main() -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"{report['command']}  (commit {report['commit']}, load {report['machine']['loadavg']})")
+        print(
+            f"{report['command']}  (commit {report['commit']}, load {report['machine']['loadavg']})"
+        )
         for kind, label in (("dagster", "dagster-postgres"), ("pooled", "pooled (deploy/)")):
             r = report[kind]
             print(
