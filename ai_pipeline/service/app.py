@@ -31,7 +31,7 @@ from ai_pipeline.documents import (
 )
 from ai_pipeline.prompts import current_analysis
 from ai_pipeline.service.estimate import Estimator
-from ai_pipeline.service.progress import TaskView, view
+from ai_pipeline.service.progress import TaskStatus, TaskView, view
 from ai_pipeline.service.review_page import build_review_router
 from ai_pipeline.service.tenants import Tenant, Tenants, load_tenants
 from ai_pipeline.settings import Settings, SettingsError
@@ -60,7 +60,7 @@ class TextSubmission(BaseModel):
 
 class Submitted(BaseModel):
     task_id: str
-    status: str
+    status: TaskStatus = Field(description="QUEUED for a new task: accepted, waiting for a run")
     poll_url: str
     sse_url: str
     estimated_seconds: int
@@ -188,12 +188,12 @@ def create_app(
         poll, sse = urls(request, task)
         body = Submitted(
             task_id=task,
-            status=current.doc.state.value,
+            status=current.status,
             poll_url=poll,
             sse_url=sse,
             estimated_seconds=estimate,
         )
-        return JSONResponse(body.model_dump(), status_code=202 if created else 200)
+        return JSONResponse(body.model_dump(mode="json"), status_code=202 if created else 200)
 
     @app.get(f"{API}/tasks/{{task_id}}", name="get_task")
     async def get_task(task_id: str, tenant: Caller) -> dict[str, Any]:
@@ -203,12 +203,12 @@ def create_app(
     @app.get(f"{API}/tasks", name="list_tasks")
     async def list_tasks(
         tenant: Caller,
-        status: Annotated[State | None, Query(description="only tasks in this state")] = None,
+        status: Annotated[TaskStatus | None, Query(description="only tasks in this status")] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
     ) -> dict[str, Any]:
         """The tenant's own tasks, newest first, a page at a time."""
-        states = [status] if status else None
+        states = status.states() if status else None
         page, total = await in_thread(
             lambda: store.tasks.listing(tenant.tenant_id, states, limit, offset)
         )

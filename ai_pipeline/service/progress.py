@@ -1,13 +1,15 @@
 """A task as its submitter sees it: state, progress, current step, result or error.
 
-Everything is read from the results database, so any web process answers the same: the document's
-state-machine state, how far its work got (its analysis checkpoint, its results row), and for a
+Everything is read from the results database, so any web process answers the same: the task's
+status (its document's state-machine state, as the API names it: ``TaskStatus``), how far its work
+got (its analysis checkpoint, its results row), and for a
 completed task the upserted analysis. Progress only grows while the task is live, which lets the
 event stream number its ``progress`` events by their value (``Last-Event-ID`` resumes after it).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -28,6 +30,27 @@ DONE = (100, "completed")
 FINAL = frozenset({State.COMPLETED, State.CANCELLED, State.FAILED, State.DEAD_LETTER})
 
 
+class TaskStatus(str, enum.Enum):
+    """A task's status in the API. A submitted task is QUEUED from the moment it is accepted:
+    whether the submissions sensor has launched its run yet (document PENDING → QUEUED) is the
+    state machine's business, not the submitter's."""
+
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    DEAD_LETTER = "DEAD_LETTER"
+    CANCELLED = "CANCELLED"
+
+    @classmethod
+    def of(cls, state: State) -> TaskStatus:
+        return cls.QUEUED if state == State.PENDING else cls(state.value)
+
+    def states(self) -> list[State]:
+        """The document states this status stands for (what a listing filters on)."""
+        return [s for s in State if TaskStatus.of(s) == self]
+
+
 @dataclass(frozen=True)
 class TaskView:
     task: TenantTask
@@ -42,13 +65,17 @@ class TaskView:
     def final(self) -> bool:
         return self.doc.state in FINAL
 
+    @property
+    def status(self) -> TaskStatus:
+        return TaskStatus.of(self.doc.state)
+
     def as_json(self, dagster_url: str) -> dict[str, Any]:
         doc = self.doc
         failed = doc.state in (State.FAILED, State.DEAD_LETTER)
         return {
             "task_id": self.task.task_id,
             "name": self.task.name,
-            "status": doc.state.value,
+            "status": self.status.value,
             "cancel_requested": doc.cancel_requested and doc.state == State.RUNNING,
             "progress": self.progress,
             "current_step": self.current_step,

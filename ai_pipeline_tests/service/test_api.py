@@ -98,7 +98,7 @@ def test_a_submission_is_accepted_at_once_and_followed_to_completed(
     assert response.status_code == 202, response.text
     body = response.json()
     task = body["task_id"]
-    assert body["status"] == "PENDING"
+    assert body["status"] == "QUEUED"
     assert body["poll_url"] == f"{service.url}/api/v1/tasks/{task}"
     assert body["sse_url"] == f"{service.url}/api/v1/tasks/{task}/events"
     assert body["estimated_seconds"] > 0
@@ -483,7 +483,7 @@ def test_listing_filters_by_status_and_pages_with_a_total(
     only = listing(url, "acme", status="CANCELLED")
     assert ids(only) == cancelled[::-1] and only.json()["total"] == 2
     assert {t["status"] for t in only.json()["tasks"]} == {"CANCELLED"}
-    waiting = listing(url, "acme", status="PENDING")
+    waiting = listing(url, "acme", status="QUEUED")
     assert ids(waiting) == [t for t in newest_first if t not in cancelled]
     assert waiting.json()["total"] == 3
     assert listing(url, "acme", status="COMPLETED").json() == {
@@ -501,8 +501,40 @@ def test_listing_filters_by_status_and_pages_with_a_total(
         (2, 4),
         (2, 6),
     ]
-    second = listing(url, "acme", status="PENDING", limit=2, offset=2)
+    second = listing(url, "acme", status="QUEUED", limit=2, offset=2)
     assert ids(second) == [tasks[0]] and second.json()["total"] == 3
-    for bad in ({"status": "DONE"}, {"limit": 0}, {"limit": 501}, {"offset": -1}):
+    for bad in (
+        {"status": "DONE"},
+        {"status": "PENDING"},
+        {"limit": 0},
+        {"limit": 501},
+        {"offset": -1},
+    ):
         assert listing(url, "acme", **bad).status_code == 422, bad
+    assert simulator.stats()["total"] == 0
+
+
+def test_a_fresh_submission_is_queued_while_its_document_is_pending(
+    service: DagsterProcess, simulator: SimulatorServer
+) -> None:
+    """The 202 (and the 200 for the same content again), polling, the event stream and the
+    listing all say QUEUED for a task no run has taken yet, while its document stays PENDING in
+    the state machine (the submissions sensor moves it to QUEUED when it launches the run)."""
+    url = service.url
+    first = submit(url, "acme", sample_text(7400))
+    assert first.status_code == 202 and first.json()["status"] == "QUEUED", first.text
+    again = submit(url, "acme", sample_text(7400))
+    assert again.status_code == 200 and again.json()["status"] == "QUEUED"
+    task = first.json()["task_id"]
+    store = results_store()
+    submitted = store.tasks.get("acme", task)
+    assert submitted is not None
+    assert store.documents.get(submitted.document_id).state == State.PENDING  # type: ignore[union-attr]
+    assert task_state(url, "acme", task)["status"] == "QUEUED"
+    events, _ = read_stream(url, "acme", task, enough=lambda events: len(events) >= 2)
+    assert [(e["event"], e["data"].get("status")) for e in events] == [
+        ("status", "QUEUED"),
+        ("progress", None),
+    ]
+    assert [t["status"] for t in listing(url, "acme").json()["tasks"]] == ["QUEUED"]
     assert simulator.stats()["total"] == 0
