@@ -35,6 +35,14 @@ def _tracking_protocol_class() -> type[asyncio.Protocol]:
         _tracking_key: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                # asyncio turns Nagle's algorithm off only for sockets made with IPPROTO_TCP, and
+                # ``socket.create_server`` (``bind``) makes them with protocol 0: uvicorn's
+                # response then went out in two writes, the second held back until the client's
+                # delayed ACK — about 40 ms on every request.
+                with suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             super().connection_made(transport)
             if self.server and self.client:
                 self._tracking_key = (tuple(self.server), tuple(self.client))

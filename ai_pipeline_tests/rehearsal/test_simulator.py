@@ -484,3 +484,22 @@ def test_the_simulator_reads_the_markers_the_prompt_writes() -> None:
     )
     user = prompts.ANALYSIS.messages("Ana met Tomas in Lisbon.")[1]["content"]
     assert simulator.extract_document(user) == "Ana met Tomas in Lisbon."
+
+
+def test_the_servers_answer_without_waiting_for_the_clients_ack(server: SimulatorServer) -> None:
+    """Every connection the bundled servers accept has Nagle's algorithm off: without it a reply
+    went out in two writes and the second waited for the client's delayed ACK (~40 ms a call)."""
+    import socket
+
+    from ai_pipeline.rehearsal.serving import _TRANSPORTS
+
+    with openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0) as client:
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": PRAISE}], temperature=0
+        )
+        port = server.port
+        ours = [t for (srv, _), t in list(_TRANSPORTS.items()) if srv[1] == port]
+        assert ours, "the client's connection is open (keep-alive)"
+        for transport in ours:
+            sock = transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
