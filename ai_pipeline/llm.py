@@ -40,7 +40,11 @@ from ai_pipeline.tracing import mark_failed, span
 
 class Meter(Protocol):
     """What a client reports its spending to (``ai_pipeline.spend.Meter``): a reservation before
-    each request (raising ClassifiedError when none can be had), its usage after it."""
+    each request (raising ClassifiedError when none can be had), its usage after it, and the
+    completion limit a request must carry (None: none)."""
+
+    @property
+    def max_completion_tokens(self) -> int | None: ...
 
     def reserve(self, task_id: str, model: str, messages: Sequence[Mapping[str, Any]]) -> Any: ...
 
@@ -52,6 +56,7 @@ class Meter(Protocol):
         model: str | None = ...,
         prompt_tokens: int | None = ...,
         completion_tokens: int | None = ...,
+        usage_reported: bool = ...,
     ) -> Any: ...
 
 
@@ -370,6 +375,9 @@ class LLMClient:
         async with self._semaphore:
             # Reserved only while in flight: a call waiting for a slot holds no budget.
             reservation = self.meter.reserve(task_id, self.model, messages) if self.meter else None
+            # Under a budget the reply may not be longer than the completion tokens reserved for
+            # it: what it costs then stays within the reservation.
+            limit = self.meter.max_completion_tokens if self.meter else None
             started = time.monotonic()
             try:
                 completion = await self._client.chat.completions.create(
@@ -378,6 +386,7 @@ class LLMClient:
                     temperature=0,
                     response_format={"type": "json_object"},
                     extra_headers={"Idempotency-Key": task_id},
+                    **({"max_tokens": limit} if limit is not None else {}),
                 )
             except BaseException as e:  # a cancelled call releases its reservation too
                 if self.meter is not None and reservation is not None:
@@ -397,6 +406,7 @@ class LLMClient:
                 model=model,
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
+                usage_reported=usage is not None,
             )
         choice = completion.choices[0] if completion.choices else None
         if choice is None:

@@ -10,9 +10,12 @@
   errs high (one token per Han character, one per three other characters).
 - :class:`Meter`: one run's spending. Before each request it reserves the estimate (the prompt's
   tokens plus ``completion_reserve`` completion tokens, and their price) against every budget the
-  run is under; when one would be exceeded the request is not sent (BUDGET_REACHED). After it, the
-  real usage is recorded for the attempt — whether the answer then passes its checks or not, and
-  for failed requests too — and settled against the budgets.
+  run is under; when one would be exceeded the request is not sent (BUDGET_REACHED). Under a
+  budget the request asks for at most ``completion_reserve`` completion tokens (``max_tokens``),
+  so no reply costs more than was reserved for it. After it, the real usage is recorded for the
+  attempt — whether the answer then passes its checks or not, and for failed requests too — and
+  settled against the budgets; a reply that reports no usage is settled at its reservation (the
+  estimate), recorded with the outcome ``answer (estimated)``.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from ai_pipeline.failures import Category, ClassifiedError
 from ai_pipeline.settings import Settings, SettingsError
 from ai_pipeline.store import Store
 from ai_pipeline.store.database import StoreUnavailable
-from ai_pipeline.store.spend import ANSWER, Usage
+from ai_pipeline.store.spend import ANSWER, ESTIMATED_ANSWER, Usage
 from ai_pipeline.tasks import document_of, step_of
 
 logger = logging.getLogger(__name__)
@@ -180,8 +183,13 @@ def estimate_prompt_tokens(model: str, messages: Sequence[Mapping[str, Any]]) ->
 class Reservation:
     task_id: str
     model: str
-    tokens: int
+    prompt_tokens: int
+    completion_tokens: int
     usd: float
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
 
 class Meter:
@@ -202,14 +210,20 @@ class Meter:
         self.budget_keys = list(budget_keys)
         self.completion_reserve = completion_reserve
 
+    @property
+    def max_completion_tokens(self) -> int | None:
+        """The completion limit a request must carry (``max_tokens``): the reserve when the run
+        is under a budget, so that a long reply cannot overshoot it; None otherwise."""
+        return self.completion_reserve if self.budget_keys else None
+
     def reserve(
         self, task_id: str, model: str, messages: Sequence[Mapping[str, Any]]
     ) -> Reservation:
         """Reserve a request's estimate; raises BUDGET_REACHED (nothing reserved) when it would
         take a budget past its limit."""
-        tokens = estimate_prompt_tokens(model, messages)
-        usd = self.prices.cost(model, tokens, self.completion_reserve)
-        tokens += self.completion_reserve
+        prompt = estimate_prompt_tokens(model, messages)
+        usd = self.prices.cost(model, prompt, self.completion_reserve)
+        tokens = prompt + self.completion_reserve
         refused = self.store.spend.reserve(self.budget_keys, tokens, usd)
         if refused is not None:
             raise ClassifiedError(
@@ -217,7 +231,7 @@ class Meter:
                 f"not sent: this call needs about {tokens:,} tokens (${usd:.4f}) and the budget "
                 f"would be exceeded — {refused.describe()}",
             )
-        return Reservation(task_id, model, tokens, usd)
+        return Reservation(task_id, model, prompt, self.completion_reserve, usd)
 
     def settle(
         self,
@@ -227,10 +241,25 @@ class Meter:
         model: str | None = None,
         prompt_tokens: int | None = None,
         completion_tokens: int | None = None,
+        usage_reported: bool = True,
     ) -> Usage:
-        """Record what a request used (nothing reported: 0) and release its reservation."""
+        """Record what a request used (nothing reported: 0) and release its reservation.
+
+        A reply (``outcome`` ANSWER) whose endpoint reported no usage (``usage_reported``
+        False) was paid for all the same: it is settled at its reservation, as
+        ``answer (estimated)``, so that the budget keeps binding."""
         model = model or reservation.model
         prompt, completion = prompt_tokens or 0, completion_tokens or 0
+        cost = self.prices.cost(model, prompt, completion)
+        if outcome == ANSWER and not usage_reported:
+            prompt, completion = reservation.prompt_tokens, reservation.completion_tokens
+            outcome, cost = ESTIMATED_ANSWER, reservation.usd
+            logger.warning(
+                "%s: the reply reported no usage; settled at its reservation (%s tokens, $%.6f)",
+                reservation.task_id,
+                f"{reservation.tokens:,}",
+                cost,
+            )
         usage = Usage(
             task_id=reservation.task_id,
             document_id=document_of(reservation.task_id),
@@ -239,7 +268,7 @@ class Meter:
             outcome=outcome,
             prompt_tokens=prompt,
             completion_tokens=completion,
-            cost_usd=self.prices.cost(model, prompt, completion),
+            cost_usd=cost,
             run_id=self.run_id,
         )
         try:

@@ -33,9 +33,11 @@ FAULT_KINDS = (
     "low_confidence",
     "refuse",
     "hallucinate",
+    "no_usage",
 )
-# Faults that change what the model says rather than how the HTTP exchange goes.
-CONTENT_FAULTS = frozenset(FAULT_KINDS[3:])
+# Faults that change what the model says rather than how the HTTP exchange goes ("no_usage"
+# answers normally but leaves ``usage`` out of the reply, as some compatible servers do).
+CONTENT_FAULTS = frozenset(FAULT_KINDS[3:-1])
 
 
 class FaultRule(BaseModel):
@@ -249,7 +251,9 @@ class SimulatorState:
         scheme, _, token = (authorization or "").partition(" ")
         return scheme.lower() == "bearer" and token.strip() in keys
 
-    def admit(self, key: str, authorized: bool, text: str | None) -> _Admission:
+    def admit(
+        self, key: str, authorized: bool, text: str | None, max_tokens: int | None = None
+    ) -> _Admission:
         """Count an arriving chat request and pick the fault rule that hits it, if any.
 
         Rules are chosen on arrival, in arrival order, so ``times`` and ``every`` mean the same
@@ -260,6 +264,7 @@ class SimulatorState:
             "status": None,
             "authorized": authorized,
             "fault": None,
+            "max_tokens": max_tokens,
             "at": datetime.now(timezone.utc).isoformat(),
         }
         with self._lock:

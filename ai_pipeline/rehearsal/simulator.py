@@ -101,21 +101,34 @@ def _message_text(content: Any) -> str:
     return ""
 
 
-def _parse_chat_body(raw: bytes) -> tuple[str | None, list[dict[str, Any]], str | None]:
-    """(model, messages, error message) of a chat completion request body."""
+def _parse_chat_body(
+    raw: bytes,
+) -> tuple[str | None, list[dict[str, Any]], int | None, str | None]:
+    """(model, messages, max_tokens, error message) of a chat completion request body."""
     try:
         body = json.loads(raw)
     except ValueError:
-        return None, [], "The request body is not valid JSON."
+        return None, [], None, "The request body is not valid JSON."
     if not isinstance(body, dict):
-        return None, [], "The request body must be a JSON object."
+        return None, [], None, "The request body must be a JSON object."
     messages = body.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        return None, [], "'messages' must be a list of message objects."
+        return None, [], None, "'messages' must be a list of message objects."
     if body.get("stream"):
-        return None, [], "The simulator does not support stream=true."
+        return None, [], None, "The simulator does not support stream=true."
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        return None, [], None, "'max_tokens' must be a positive integer."
     model = body.get("model")
-    return (model if isinstance(model, str) and model else None), messages, None
+    return (model if isinstance(model, str) and model else None), messages, limit, None
+
+
+def _cut_to(content: str, max_tokens: int) -> str:
+    """The longest start of ``content`` within ``max_tokens`` (as the simulator counts)."""
+    while content and estimate_tokens(content) > max_tokens:
+        shorter = len(content) * max_tokens // estimate_tokens(content)
+        content = content[: min(shorter, len(content) - 1)]
+    return content
 
 
 def _document_text(messages: list[dict[str, Any]]) -> str | None:
@@ -178,11 +191,11 @@ def create_app(config: SimulatorConfig) -> Starlette:
     async def chat_completions(request: Request) -> Response:
         key = request.headers.get("idempotency-key", "")
         authorized = state.is_authorized(request.headers.get("authorization"))
-        model, messages, error = _parse_chat_body(await request.body())
+        model, messages, max_tokens, error = _parse_chat_body(await request.body())
         text = None if error else _document_text(messages)
         if error is None and text is None:
             error = "The request has no user message."
-        admission = state.admit(key, authorized, text)
+        admission = state.admit(key, authorized, text, max_tokens)
         record, rule = admission.record, admission.rule
         note = f"simulated by fault rule #{admission.rule_index}"
 
@@ -223,8 +236,14 @@ def create_app(config: SimulatorConfig) -> Starlette:
                 content, builtin_fault = refusal, "dont_know"
             else:
                 content = json.dumps(analyse(text), ensure_ascii=False)
+            if max_tokens is not None and estimate_tokens(content) > max_tokens:
+                # As a real endpoint does: the reply stops at the limit the request set.
+                content, finish_reason = _cut_to(content, max_tokens), "length"
             state.finish(record, 200, builtin_fault)
-            return _completion(key, model, messages, content, finish_reason, fault_header)
+            with_usage = rule is None or rule.kind != "no_usage"
+            return _completion(
+                key, model, messages, content, finish_reason, fault_header, with_usage
+            )
 
     def _completion(
         key: str,
@@ -233,11 +252,17 @@ def create_app(config: SimulatorConfig) -> Starlette:
         content: str,
         finish_reason: str,
         headers: dict[str, str],
+        with_usage: bool = True,
     ) -> JSONResponse:
         prompt_tokens = sum(estimate_tokens(_message_text(m.get("content"))) for m in messages)
         completion_tokens = estimate_tokens(content)
         state.add_usage(key, prompt_tokens + completion_tokens)
         request_id = uuid.uuid4().hex
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
         return JSONResponse(
             {
                 "id": f"chatcmpl-sim-{request_id}",
@@ -252,11 +277,7 @@ def create_app(config: SimulatorConfig) -> Starlette:
                         "finish_reason": finish_reason,
                     }
                 ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
+                **({"usage": usage} if with_usage else {}),
             },
             headers={"x-request-id": request_id, **headers},
         )

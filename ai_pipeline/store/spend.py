@@ -21,11 +21,15 @@ from ai_pipeline.store.documents import utcnow
 from ai_pipeline.store.tables import budgets, documents, llm_usage
 
 ANSWER = "answer"
+# A reply whose endpoint reported no usage: recorded at the reservation made for it.
+ESTIMATED_ANSWER = "answer (estimated)"
+ANSWERS = (ANSWER, ESTIMATED_ANSWER)
 
 
 @dataclass(frozen=True)
 class Usage:
-    """One attempt's usage: a reply (``outcome`` ANSWER) or a request that failed (its category;
+    """One attempt's usage: a reply (``outcome`` ANSWER, or ESTIMATED_ANSWER when the endpoint
+    reported none and the reservation stands for it) or a request that failed (its category;
     tokens are what the endpoint reported, usually none)."""
 
     task_id: str
@@ -284,11 +288,11 @@ class Spend:
         model)."""
         firsts = (
             sa.select(sa.func.min(llm_usage.c.id).label("id"))
-            .where(llm_usage.c.outcome == ANSWER)
+            .where(llm_usage.c.outcome.in_(ANSWERS))
             .group_by(llm_usage.c.document_id, llm_usage.c.step)
         )
         query = sa.select(*_SUMS).where(
-            llm_usage.c.outcome == ANSWER, llm_usage.c.id.not_in(firsts.scalar_subquery())
+            llm_usage.c.outcome.in_(ANSWERS), llm_usage.c.id.not_in(firsts.scalar_subquery())
         )
         return _totals(self.db.rows(query)[0])
 

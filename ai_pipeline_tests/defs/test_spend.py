@@ -150,6 +150,66 @@ def test_budget_held_documents_wait_for_a_launch_with_budget(
     assert state.spent_tokens == sum(simulator.tokens_for(task_of(d)) for d in held)
 
 
+def test_under_a_budget_no_reply_is_longer_than_its_completion_reserve(
+    instance: dg.DagsterInstance, simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a budget each request carries ``max_tokens`` = the completion reserve, so a reply
+    that would be longer is cut there (and fails its schema check) and costs no more than was
+    reserved; without a budget nothing limits the reply."""
+    monkeypatch.setenv("AI_PIPELINE_COMPLETION_RESERVE_TOKENS", "20")
+    free = make_inbox(tmp_path / "free", {"a.txt": sample_text(10)})
+    process_inbox(free)
+    (request,) = simulator.stats()["requests"]
+    assert request["max_tokens"] is None
+    (unlimited,) = results_store().spend.attempts([task_of(doc_id(sample_text(10)))])
+    assert unlimited["completion_tokens"] > 20  # the reply the reserve would not cover
+    simulator.reset()
+
+    capped = make_inbox(tmp_path / "capped", {"b.txt": sample_text(11)})
+    out = process_inbox(capped, budget=Budget(tokens=100_000))
+
+    assert [r["max_tokens"] for r in simulator.stats()["requests"]] == [20]
+    (doc,) = out["documents"]
+    assert (doc["state"], doc["category"]) == ("FAILED", "SCHEMA_VIOLATION")
+    (attempt,) = results_store().spend.attempts([task_of(doc_id(sample_text(11)))])
+    assert attempt["outcome"] == "answer"
+    assert 0 < attempt["completion_tokens"] <= 20
+    assert out["budget"]["spent_tokens"] == simulator.stats()["tokens"]
+    assert out["budget"]["reserved_tokens"] == 0
+
+
+def test_a_reply_without_usage_is_settled_at_its_reservation(
+    instance: dg.DagsterInstance, simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reply that reports no usage is recorded as ``answer (estimated)`` at its reservation
+    (prompt estimate + completion reserve), so the budget keeps binding: of two more such
+    documents under a budget of one and a half reservations, one is sent and one is held."""
+    monkeypatch.setenv("AI_PIPELINE_COMPLETION_RESERVE_TOKENS", "300")
+    simulator.set_faults([{"kind": "no_usage"}])
+    first = make_inbox(tmp_path / "first", {"a.txt": sample_text(20)})
+    out = process_inbox(first, budget=Budget(tokens=100_000))
+    assert out["counts"]["by_state"] == {"COMPLETED": 1}
+    store = results_store()
+    (attempt,) = store.spend.attempts([task_of(doc_id(sample_text(20)))])
+    assert attempt["outcome"] == "answer (estimated)"
+    assert attempt["completion_tokens"] == 300 and attempt["prompt_tokens"] > 0
+    assert attempt["cost_usd"] > 0
+    reservation = attempt["prompt_tokens"] + attempt["completion_tokens"]
+    assert out["budget"]["spent_tokens"] == reservation
+    assert out["spend"]["prompt_tokens"] + out["spend"]["completion_tokens"] == reservation
+
+    texts = {"b.txt": sample_text(21), "c.txt": sample_text(22)}
+    second = process_inbox(
+        make_inbox(tmp_path / "second", texts), budget=Budget(tokens=reservation * 3 // 2)
+    )
+
+    assert second["counts"]["by_state"] == {"COMPLETED": 1, "FAILED": 1}
+    assert second["counts"]["by_category"] == {"BUDGET_REACHED": 1}
+    assert sum(simulator.requests_for(task_of(doc_id(t))) for t in texts.values()) == 1
+    assert second["budget"]["spent_tokens"] == reservation
+    assert store.spend.reanalyses().attempts == 0
+
+
 def test_every_attempt_is_recorded_with_the_usage_the_simulator_reported(
     instance: dg.DagsterInstance, simulator, tmp_path: Path
 ) -> None:
