@@ -1,8 +1,10 @@
 """The HTTP API of the submission service: submit, follow, list and cancel tasks, per tenant.
 
 Every request carries ``Authorization: Bearer <key>``; the key names the tenant (401 without a
-valid one) and an ``X-Tenant-Id`` header, when present, must name the same tenant (403). Another
-tenant's task answers 404, exactly like an id that does not exist. The store is synchronous, so
+valid one) and an ``X-Tenant-Id`` header, when present, must name the same tenant (403). A tenant
+with a per-minute limit gets 429 past it in a clock minute; its requests are counted in the results
+database, so the limit holds however many web processes serve. Another tenant's task answers 404,
+exactly like an id that does not exist. The store is synchronous, so
 its calls run in worker threads; nothing here runs a document's work.
 """
 
@@ -13,6 +15,7 @@ import json
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -90,8 +93,17 @@ def caller(
         )
     if x_tenant_id is not None and x_tenant_id != tenant.tenant_id:
         raise HTTPException(403, "X-Tenant-Id does not match the API key's tenant")
-    if not tenants.allow(tenant):
-        raise HTTPException(429, "too many requests for this tenant", headers={"Retry-After": "60"})
+    limit = tenant.requests_per_minute
+    if limit:
+        now = datetime.now(timezone.utc)
+        store: Store = request.app.state.store
+        if store.tasks.count_request(tenant.tenant_id, now) > limit:
+            next_minute = str(60 - now.second)
+            raise HTTPException(
+                429,
+                f"over this tenant's limit of {limit} requests a minute",
+                headers={"Retry-After": next_minute},
+            )
     return tenant
 
 
@@ -119,6 +131,7 @@ def create_app(
         "once, polling or server-sent events, one tenant's tasks invisible to every other.",
     )
     app.state.tenants = tenants
+    app.state.store = store
     estimator = Estimator(store, config.llm_concurrency, config.section_chars)
     app.include_router(build_review_router(store, secrets.token_bytes(32)))
 

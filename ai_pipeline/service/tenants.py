@@ -5,7 +5,8 @@ YAML or JSON (JSON is YAML)::
     tenants:
       acme:
         keys: [acme-key-1, acme-key-2]
-        requests_per_minute: 120        # optional: submissions and reads per key's tenant
+        requests_per_minute: 120        # optional: the tenant's requests (all its keys) per
+                                        # clock minute, counted in the results database
       globex:
         keys: [globex-key]
     operators:                          # who may open the review queue page
@@ -19,9 +20,7 @@ key itself, which is a secret.
 from __future__ import annotations
 
 import hmac
-import time
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,6 @@ class Tenants:
 
     by_key: dict[str, Tenant]
     operator_keys: frozenset[str] = frozenset()
-    _recent: dict[str, deque[float]] = field(default_factory=dict, repr=False)
 
     def tenant_of(self, key: str) -> Tenant | None:
         # Compare every key in constant time: which prefix matched must not leak through timing.
@@ -60,19 +58,6 @@ class Tenants:
 
     def is_operator(self, key: str) -> bool:
         return any(hmac.compare_digest(k.encode(), key.encode()) for k in self.operator_keys)
-
-    def allow(self, tenant: Tenant, now: float | None = None) -> bool:
-        """Whether one more request of ``tenant`` fits its per-minute limit (and count it)."""
-        if not tenant.requests_per_minute:
-            return True
-        now = time.monotonic() if now is None else now
-        recent = self._recent.setdefault(tenant.tenant_id, deque())
-        while recent and now - recent[0] >= 60.0:
-            recent.popleft()
-        if len(recent) >= tenant.requests_per_minute:
-            return False
-        recent.append(now)
-        return True
 
 
 def load_tenants(path: str | Path) -> Tenants:

@@ -15,8 +15,8 @@
 - ``submitter_messages``: the outbox of messages to whoever submitted a rejected document.
 - ``batches``: named sets of documents submitted together (the batch id is their content).
 - ``leases``: which run works on a task now, until when (one owner per task).
-- ``tenant_tasks``, ``tenant_uploads``: tasks submitted over HTTP, whose each is, and the original
-  bytes of a submitted PDF.
+- ``tenant_tasks``, ``tenant_uploads``, ``tenant_requests``: tasks submitted over HTTP, whose each
+  is, the original bytes of a submitted PDF, and each tenant's requests per minute.
 """
 
 from typing import Any
@@ -226,6 +226,16 @@ tenant_uploads = sa.Table(
     metadata,
     sa.Column("document_id", sa.String(64), primary_key=True),
     sa.Column("data", sa.LargeBinary, nullable=False),
+)
+
+# How many requests each tenant made in each clock minute (its per-minute limit), counted by one
+# upsert per request so that every web process counts against the same limit.
+tenant_requests = sa.Table(
+    "tenant_requests",
+    metadata,
+    sa.Column("tenant_id", sa.String(64), primary_key=True),
+    sa.Column("minute", sa.BigInteger, primary_key=True),  # minutes since the epoch, UTC
+    sa.Column("count", sa.Integer, nullable=False),
 )
 
 # Every LLM response that reported usage (and every request refused or lost, with none): what

@@ -4,14 +4,15 @@ A task is a document's analysis (its task id is the document's ``analyse`` task 
 is the tenant's own (its id covers the tenant as well as the content, ``ai_pipeline.service``), so
 two tenants submitting the same content get two tasks and never share a state. Registering the
 document, its task and (for a binary file such as a PDF, whose text is not the original) the
-uploaded bytes is one transaction: an upload is either wholly recorded or not at all.
+uploaded bytes is one transaction: an upload is either wholly recorded or not at all. Each tenant's
+requests are counted here too, per clock minute, so that its limit holds across web processes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -21,7 +22,7 @@ from ai_pipeline.states import State
 from ai_pipeline.store.database import Database
 from ai_pipeline.store.documents import Documents, utcnow
 from ai_pipeline.store.rows import aware
-from ai_pipeline.store.tables import documents, tenant_tasks, tenant_uploads
+from ai_pipeline.store.tables import documents, tenant_requests, tenant_tasks, tenant_uploads
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,30 @@ class TenantTasks:
             sa.select(tenant_uploads.c.data).where(tenant_uploads.c.document_id == document_id)
         )
         return bytes(rows[0].data) if rows else None
+
+    def count_request(self, tenant_id: str, now: datetime | None = None) -> int:
+        """Count one request of the tenant in the current clock minute (UTC) and return how many
+        it has made in that minute, this one included. One ``INSERT … ON CONFLICT DO UPDATE SET
+        count = count + 1 RETURNING count``: concurrent requests, in any process, each get their
+        own number and none is lost."""
+        minute = int((now or datetime.now(timezone.utc)).timestamp() // 60)
+        row = tenant_requests.c
+        insert = self.db.insert(tenant_requests).values(tenant_id=tenant_id, minute=minute, count=1)
+        upsert = insert.on_conflict_do_update(
+            index_elements=[row.tenant_id, row.minute], set_={"count": row.count + 1}
+        ).returning(row.count)
+
+        def count(conn: Connection) -> int:
+            made = int(conn.execute(upsert).scalar_one())
+            if made == 1:  # the tenant's first request this minute: forget the minutes before
+                conn.execute(
+                    sa.delete(tenant_requests).where(
+                        row.tenant_id == tenant_id, row.minute < minute
+                    )
+                )
+            return made
+
+        return self.db.write(count)
 
     def by_task_id(self, task_id: str) -> TenantTask | None:
         rows = self.db.rows(sa.select(tenant_tasks).where(tenant_tasks.c.task_id == task_id))

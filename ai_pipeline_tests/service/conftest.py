@@ -3,7 +3,8 @@ own), on the test's instance and results database, with two tenants and an opera
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -55,6 +56,14 @@ def service(
     before the daemon fixture (which the test may start) checks that nothing of the instance is
     left running. It starts with the LLM settings of the runs (the model is part of every task id
     it hands out), as a deployment does."""
+    with serving(tmp_path / "serve.log", serve_args) as server:
+        yield server
+
+
+@contextmanager
+def serving(log: Path, args: Sequence[str] = ()) -> Iterator[DagsterProcess]:
+    """An ``ai-pipeline serve`` process on a free port, once it serves; stopped (with its process
+    group) at the end."""
     port = free_port()
     argv = [
         "python",
@@ -65,19 +74,19 @@ def service(
         str(port),
         "--log-level",
         "warning",
-        *serve_args,
+        *args,
     ]
-    process = DagsterProcess("ai-pipeline serve", argv, tmp_path / "serve.log", port=port)
+    process = DagsterProcess("ai-pipeline serve", argv, log, port=port)
     # Its own process group must be gone after (``stop``); what else ran for the instance is the
     # daemon fixture's to check, after this one.
     with running(process) as server:
         server.start()
 
-        def serving() -> bool:
+        def serves() -> bool:
             try:
                 return httpx.get(f"{server.url}/openapi.json", timeout=5).status_code == 200
             except httpx.HTTPError:
                 return False
 
-        wait_for(server, "the service to serve", serving, timeout=60)
+        wait_for(server, "the service to serve", serves, timeout=60)
         yield server

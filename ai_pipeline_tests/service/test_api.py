@@ -11,17 +11,20 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.states import State
+from ai_pipeline.store.tables import tenant_requests
 from ai_pipeline_tests.dagster_procs import DagsterProcess, wait_for
-from ai_pipeline_tests.service.conftest import auth
+from ai_pipeline_tests.service.conftest import auth, serving
 from ai_pipeline_tests.support import own_simulator, results_store, sample_text
 
 pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
@@ -538,3 +541,37 @@ def test_a_fresh_submission_is_queued_while_its_document_is_pending(
     ]
     assert [t["status"] for t in listing(url, "acme").json()["tasks"]] == ["QUEUED"]
     assert simulator.stats()["total"] == 0
+
+
+def test_the_per_minute_limit_holds_across_two_service_processes(
+    tmp_path: Path, dagster_home: Path, tenants_file: Path
+) -> None:
+    """Two ``ai-pipeline serve`` processes on one results database count a tenant's requests
+    together: of 20 concurrent requests spread over both, exactly the limit (6) are answered and
+    the rest are 429 with a Retry-After, from both processes; another tenant is not limited."""
+    limited = tmp_path / "limited.yaml"
+    limited.write_text(
+        "tenants:\n"
+        "  acme:\n    keys: [acme-key-1]\n    requests_per_minute: 6\n"
+        "  globex:\n    keys: [globex-key]\n"
+    )
+    args = ["--tenants-file", str(limited)]
+    with serving(tmp_path / "a.log", args) as a, serving(tmp_path / "b.log", args) as b:
+        # The limit is per clock minute: all 20 requests in one.
+        second = datetime.now(timezone.utc).second
+        if second >= 50:
+            time.sleep(61 - second)
+        urls = [a.url, b.url] * 10
+        with ThreadPoolExecutor(max_workers=10) as pool:
+            responses = list(pool.map(lambda url: listing(url, "acme"), urls))
+        codes = [r.status_code for r in responses]
+        assert sorted(codes) == [200] * 6 + [429] * 14, codes
+        assert 429 in codes[0::2] and 429 in codes[1::2], codes
+        refused = next(r for r in responses if r.status_code == 429)
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+        assert "limit of 6 requests a minute" in refused.json()["detail"]
+        assert all(listing(url, "globex").status_code == 200 for url in [a.url, b.url] * 5)
+    counted = results_store().db.rows(
+        sa.select(tenant_requests.c.count).where(tenant_requests.c.tenant_id == "acme")
+    )
+    assert [r.count for r in counted] == [20]

@@ -1,12 +1,19 @@
-"""The tenants file: who a key is, refused shapes named by their place, never by the key."""
+"""The tenants file: who a key is, refused shapes named by their place, never by the key; each
+tenant's requests counted per minute in the results database."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from ai_pipeline.service.tenants import TenantsFileError, load_tenants, parse_tenants
+from ai_pipeline.store import Store
+from ai_pipeline.store.tables import tenant_requests
 
 GOOD = {
     "tenants": {
@@ -27,13 +34,37 @@ def test_keys_name_their_tenant_and_operators_apart() -> None:
     assert not tenants.is_operator("a1")
 
 
-def test_per_minute_limit_counts_a_rolling_minute() -> None:
-    tenants = parse_tenants(GOOD)
-    acme, globex = tenants.tenant_of("a1"), tenants.tenant_of("g1")
-    assert acme is not None and globex is not None
-    assert [tenants.allow(acme, now=t) for t in (0.0, 1.0, 2.0)] == [True, True, False]
-    assert tenants.allow(acme, now=60.5)  # the first request left the minute
-    assert all(tenants.allow(globex, now=0.0) for _ in range(100))  # no limit
+@pytest.fixture(params=["sqlite", "postgres"])
+def two_stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Store, Store]]:
+    """Two Stores (two engines, as two web processes have) on one empty results database."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'results.sqlite'}"
+    else:
+        url = str(request.getfixturevalue("pg_test_database_url"))
+    first, second = Store(url), Store(url)
+    with first.db.engine.begin() as conn:
+        conn.execute(tenant_requests.delete())
+    yield first, second
+    first.db.dispose()
+    second.db.dispose()
+
+
+def test_requests_are_counted_per_tenant_per_minute_across_stores(
+    two_stores: tuple[Store, Store],
+) -> None:
+    """Every request gets its own number in its tenant's clock minute, whichever engine counts
+    it and however many count at once; a new minute starts again at 1 and forgets the old."""
+    first, second = two_stores
+    t0 = datetime(2026, 12, 2, 6, 0, 5, tzinfo=timezone.utc)
+    stores = [first, second] * 20
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        numbers = list(pool.map(lambda s: s.tasks.count_request("acme", t0), stores))
+    assert sorted(numbers) == list(range(1, 41))
+    assert second.tasks.count_request("globex", t0) == 1
+    assert first.tasks.count_request("acme", t0 + timedelta(seconds=54)) == 41
+    assert second.tasks.count_request("acme", t0 + timedelta(seconds=55)) == 1
+    rows = first.db.rows(sa.select(tenant_requests.c.tenant_id, tenant_requests.c.count))
+    assert sorted((r.tenant_id, r.count) for r in rows) == [("acme", 1), ("globex", 1)]
 
 
 @pytest.mark.parametrize(
