@@ -201,7 +201,11 @@ def spend_report(store: Store, batches: int = 20) -> dict[str, Any]:
         },
         "reanalyses": store.spend.reanalyses().as_dict(),
         "by_batch": {
-            b.batch_id: {"name": b.name, **store.spend.total(b.document_ids).as_dict()}
+            b.batch_id: {
+                "name": b.name,
+                "documents": len(b.document_ids),
+                **store.spend.total(b.document_ids).as_dict(),
+            }
             for b in store.batches.newest(batches)
         },
     }
@@ -241,6 +245,17 @@ def to_markdown(report: dict[str, Any]) -> str:
             tokens = t["prompt_tokens"] + t["completion_tokens"]
             lines.append(f"| {category} | {t['attempts']} | {tokens} | {t['cost_usd']:.4f} |")
         lines.append("")
+        if spend.get("by_batch"):
+            lines.append(
+                "| batch | documents | attempts | tokens | cost (USD) |\n|---|---|---|---|---|"
+            )
+            for batch_id, t in spend["by_batch"].items():
+                tokens = t["prompt_tokens"] + t["completion_tokens"]
+                lines.append(
+                    f"| {t['name']} ({batch_id}) | {t['documents']} | {t['attempts']} | "
+                    f"{tokens} | {t['cost_usd']:.4f} |"
+                )
+            lines.append("")
     if report["failures_by_day"]:
         categories = sorted({c for day in report["failures_by_day"].values() for c in day})
         lines.append("| day | " + " | ".join(categories) + " |")

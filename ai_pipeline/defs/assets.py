@@ -302,6 +302,8 @@ def failure_report(
                 sum(t["cost_usd"] for t in report["spend"]["failures_by_category"].values()), 6
             ),
             "reanalyses_cost_usd": report["spend"]["reanalyses"]["cost_usd"],
+            # The newest batches' spend, each over all its documents' attempts.
+            "spend_by_batch": dg.MetadataValue.json(report["spend"]["by_batch"]),
             # Analyses made under another prompt version or model: `backfill --stale`.
             "stale_analyses": sum(report["stale"].values()),
         }

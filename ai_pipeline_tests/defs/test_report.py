@@ -64,3 +64,91 @@ def test_report_counts_failures_and_tokens_in_the_asset_and_the_cli(
     )
     chart = Path(metadata["chart_file"].value)
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_spend_matches_the_recorded_usage_in_total_by_category_re_analyses_and_batch(
+    instance: dg.DagsterInstance,
+    simulator,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The spend of ``report --json``, its text and the failure_report asset's metadata are the
+    sums of the recorded attempts: in all, of the refused document (its category), of the one
+    re-analysed under a new prompt version, and per batch."""
+    from dataclasses import replace
+
+    from ai_pipeline import prompts
+    from ai_pipeline.intake import batch_key
+    from ai_pipeline.tasks import ANALYSE_STEP, task_id
+    from ai_pipeline_tests.support import TEST_MODEL, launcher, results_store
+
+    first = {f"a{i}.txt": sample_text(700 + i) for i in range(2)}
+    first["refused.txt"] = sample_text(790)
+    refused = doc_id(sample_text(790))
+    simulator.set_faults([{"kind": "refuse", "match": task_of(refused)}])
+    process_inbox(make_inbox(tmp_path / "first", first))
+    second = {"b.txt": sample_text(800)}
+    process_inbox(make_inbox(tmp_path / "second", second))
+    store = results_store()
+    alpha = [doc_id(t) for t in first.values()]
+    beta = [doc_id(t) for t in second.values()]
+    store.batches.save(batch_key(alpha), "alpha", alpha)
+    store.batches.save(batch_key(beta), "beta", beta)
+    again = doc_id(sample_text(700))
+    monkeypatch.setattr(prompts, "ANALYSIS", replace(prompts.ANALYSIS, version="v2"))
+    launcher().execute([again])
+
+    rows = store.spend.attempts(alpha + beta)
+    assert len(rows) == 5 == simulator.stats()["total"]
+    assert (
+        sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows)
+        == (simulator.stats()["tokens"])
+    )
+
+    def cost(wanted: list[dict]) -> float:
+        return round(sum(r["cost_usd"] for r in wanted), 6)
+
+    v2 = task_id(again, ANALYSE_STEP, "v2", TEST_MODEL)
+    refused_rows = [r for r in rows if r["document_id"] == refused]
+    reanalysis = [r for r in rows if r["task_id"] == v2]
+    assert len(refused_rows) == 1 and len(reanalysis) == 1 and cost(reanalysis) > 0
+
+    code = main(["report", "--json"])
+    spend = json.loads(capsys.readouterr().out)["spend"]
+
+    assert code == 0
+    assert spend["total"]["attempts"] == 5
+    assert spend["total"]["cost_usd"] == pytest.approx(cost(rows), abs=1e-6)
+    assert list(spend["failures_by_category"]) == ["MODEL_REFUSAL"]
+    assert spend["failures_by_category"]["MODEL_REFUSAL"]["cost_usd"] == pytest.approx(
+        cost(refused_rows), abs=1e-6
+    )
+    assert spend["reanalyses"]["attempts"] == 1
+    assert spend["reanalyses"]["cost_usd"] == pytest.approx(cost(reanalysis), abs=1e-6)
+    by_batch = spend["by_batch"]
+    assert {b["name"]: (b["documents"], b["attempts"]) for b in by_batch.values()} == {
+        "alpha": (3, 4),
+        "beta": (1, 1),
+    }
+    assert by_batch[batch_key(alpha)]["cost_usd"] == pytest.approx(
+        cost([r for r in rows if r["document_id"] in alpha]), abs=1e-6
+    )
+
+    assert main(["report"]) == 0
+    text = capsys.readouterr().out
+    assert f"**spent** ${cost(rows):.4f} over 5 LLM attempts" in text
+    assert f"re-analyses ${cost(reanalysis):.4f}" in text
+    assert f"| alpha ({batch_key(alpha)}) | 3 | 4 |" in text
+    assert f"| beta ({batch_key(beta)}) | 1 | 1 |" in text
+
+    result = defs.resolve_job_def("failure_report_job").execute_in_process(instance=instance)
+    assert result.success
+    event = instance.get_latest_materialization_event(dg.AssetKey("failure_report"))
+    assert event is not None and event.asset_materialization is not None
+    metadata = event.asset_materialization.metadata
+    assert metadata["spent_usd"].value == pytest.approx(cost(rows), abs=1e-6)
+    assert metadata["failures_cost_usd"].value == pytest.approx(cost(refused_rows), abs=1e-6)
+    assert metadata["reanalyses_cost_usd"].value == pytest.approx(cost(reanalysis), abs=1e-6)
+    assert metadata["spend_by_batch"].value == by_batch
+    assert f"| alpha ({batch_key(alpha)}) | 3 | 4 |" in metadata["report"].value
