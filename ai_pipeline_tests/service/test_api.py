@@ -575,3 +575,69 @@ def test_the_per_minute_limit_holds_across_two_service_processes(
         sa.select(tenant_requests.c.count).where(tenant_requests.c.tenant_id == "acme")
     )
     assert [r.count for r in counted] == [20]
+
+
+@pytest.mark.slow
+@pytest.mark.daemon
+def test_a_section_reply_failing_a_check_fails_its_document_under_that_sections_task(
+    service: DagsterProcess,
+    daemon: DagsterProcess,
+    simulator: SimulatorServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Of two four-section documents, one's second section comes back with a low confidence and
+    the other's third with an entity not in its text: each document is FAILED with that check's
+    category, its error names the section, its review item and failure event carry that
+    section's task id, only the hallucinated reply is quarantined, and nothing is stored."""
+    from ai_pipeline.prompts import current_analysis
+    from ai_pipeline.settings import Settings
+    from ai_pipeline.tasks import section_step, task_id
+
+    def clauses(word: str) -> str:
+        return "\n".join(
+            f"{i}. Clause {i}: {word} Supplies delivers order {i} to Lisbon on time."
+            for i in range(1, 5)
+        )
+
+    unsure, invented = clauses("Alpha"), clauses("Beta")
+    monkeypatch.setenv(
+        "AI_PIPELINE_SECTION_CHARS", str(max(len(line) for line in unsure.splitlines()) + 1)
+    )
+    simulator.set_faults(
+        [
+            {"kind": "low_confidence", "match": "Clause 2: Alpha"},
+            {"kind": "hallucinate", "match": "Clause 3: Beta"},
+        ]
+    )
+    tasks = {
+        name: submit(service.url, "acme", text, f"{name}.txt").json()["task_id"]
+        for name, text in (("unsure", unsure), ("invented", invented))
+    }
+    daemon.start()
+    store = results_store()
+    model, version = Settings.load().model, current_analysis().version
+    expected = {
+        "unsure": ("LOW_CONFIDENCE", 2),
+        "invented": ("MODEL_HALLUCINATION", 3),
+    }
+    for name, task in tasks.items():
+        category, index = expected[name]
+        state = wait_until(service, service.url, "acme", task, ["FAILED", "COMPLETED"])
+        assert (state["status"], state["category"]) == ("FAILED", category), state
+        assert state["error"].startswith(f"section {index}/4 "), state["error"]
+        assert state["result"] is None
+        document_id = store.tasks.get("acme", task).document_id  # type: ignore[union-attr]
+        section_task = task_id(document_id, section_step(index), version, model)
+        assert simulator.requests_for(section_task) == 1
+        item = store.reviews.get(document_id)
+        assert item is not None and item.task_id == section_task
+        assert item.category.value == category
+        failures = store.events.failures(document_id)
+        assert [(f.task_id, f.category.value) for f in failures] == [(section_task, category)]
+        quarantined = store.reviews.quarantined(document_id)
+        if category == "MODEL_HALLUCINATION":
+            assert [q.task_id for q in quarantined] == [section_task]
+        else:
+            assert quarantined == []
+        assert store.results.get([document_id]) == []
+    assert simulator.stats()["total"] == 8
