@@ -385,6 +385,10 @@ class Analyser:
                     "task_id": task,
                     "model": reply.model,
                     "prompt_version": self.llm.prompt.version,
+                    # A re-analysis (new prompt version or model): the analysis it replaces.
+                    "replaces_task": doc.task_id
+                    if doc.state == State.COMPLETED and doc.task_id not in (None, task)
+                    else None,
                     "prompt_tokens": reply.prompt_tokens,
                     "completion_tokens": reply.completion_tokens,
                     "latency_ms": reply.latency_ms,

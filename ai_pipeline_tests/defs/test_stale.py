@@ -11,12 +11,14 @@ import dagster as dg
 import pytest
 
 from ai_pipeline import prompts
+from ai_pipeline.defs.assets import LLM_ANALYSIS
 from ai_pipeline.reporting import build_report
 from ai_pipeline.tasks import ANALYSE_STEP, task_id
 from ai_pipeline_tests.dagster_procs import DagsterProcess
 from ai_pipeline_tests.support import (
     TEST_MODEL,
     doc_id,
+    latest_materialization,
     launcher,
     make_inbox,
     process_inbox,
@@ -82,6 +84,30 @@ def test_a_prompt_version_bump_makes_exactly_the_completed_documents_stale(
     assert store.results.get([bad]) == []
     code, plan = run_cli(capsys, "backfill", "--stale", "--dry-run", "--json")
     assert plan["selected"] == []
+    # In the UI: each re-analysed document's llm_analysis names the analysis it replaced.
+    for d in done:
+        metadata = latest_materialization(instance, LLM_ANALYSIS, d).asset_materialization.metadata
+        assert metadata["prompt_version"].value == "v2"
+        assert metadata["task_id"].value == task_id(d, ANALYSE_STEP, "v2", TEST_MODEL)
+        assert metadata["replaces_task"].value == old[d].task_id
+
+
+def test_the_analysis_assets_code_version_is_the_prompt_version() -> None:
+    """Every stage the prompt shapes carries the prompt version as its code version (what the
+    UI shows beside each materialization); reading the file does not depend on it."""
+    from ai_pipeline.definitions import defs
+    from ai_pipeline.defs.assets import ANALYSIS_KEYS
+
+    graph = defs.get_repository_def().asset_graph
+    versions = {key.to_user_string(): graph.get(key).code_version for key in ANALYSIS_KEYS}
+    version = prompts.current_analysis().version
+    assert versions == {
+        "document_text": None,
+        "llm_analysis": version,
+        "validated_analysis": version,
+        "analysis_results": version,
+        "completion_notice": version,
+    }
 
 
 @pytest.mark.slow
