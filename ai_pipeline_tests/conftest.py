@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ai_pipeline.defs.dagster_private import plan_events_per_run
+from ai_pipeline.defs.dagster_private import set_dagster_switches
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline_tests.postgres import (
     PG_BIN,
@@ -35,9 +35,10 @@ from ai_pipeline_tests.support import (
 )
 
 # As the README asks of every Dagster process (CLI, daemon, webserver): one planned event per
-# asset and run. Daemons and commands the tests start inherit it; the test of per-document FAILED
-# status runs with it and without.
-plan_events_per_run()
+# asset and run, and backfills that wait for a code location failing to load. Daemons and commands
+# the tests start inherit them; the test of per-document FAILED status runs with the first and
+# without.
+set_dagster_switches()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

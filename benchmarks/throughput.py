@@ -199,10 +199,11 @@ def configure(
     os.environ["OPENAI_BASE_URL"] = simulator_url
     os.environ["OPENAI_API_KEY"] = API_KEY
     os.environ["AI_PIPELINE_MODEL"] = MODEL
-    # As the ai-pipeline commands do: one planned event per asset and run (unless set otherwise).
-    from ai_pipeline.defs.dagster_private import plan_events_per_run
+    # As the ai-pipeline commands do: one planned event per asset and run (unless set otherwise)
+    # and backfills that outlive a code location failing to load for a moment.
+    from ai_pipeline.defs.dagster_private import set_dagster_switches
 
-    plan_events_per_run()
+    set_dagster_switches()
     # The inbox is written just before the pass: no file may wait out the settle time.
     os.environ["AI_PIPELINE_SETTLE_SECONDS"] = "0"
     os.environ["AI_PIPELINE_LLM_CONCURRENCY"] = str(concurrency)
@@ -266,7 +267,11 @@ def background(
 @contextmanager
 def dagster_daemon(env: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A real ``dagster-daemon`` on the project's workspace, stopped (its process group) after."""
+    from ai_pipeline.defs.dagster_private import BACKFILL_WAITS_FOR_CODE_SWITCH
+
     argv = [_beside_python("dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")]
+    # As the README asks of a deployment's daemon (ai_pipeline.defs.dagster_private).
+    env = {BACKFILL_WAITS_FOR_CODE_SWITCH: "1", **env}
     with background(argv, env, log_path) as daemon:
         yield daemon
 

@@ -49,13 +49,22 @@ from dagster._core.utils import make_new_backfill_id
 from dagster._serdes import ConfigurableClassData
 
 PLANNED_EVENTS_SWITCH = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
+# Without it, Dagster 1.13's backfill daemon fails a backfill — and terminates its running runs —
+# the first time its code location does not load (a code server restarting on a loaded machine
+# met a locked SQLite file, benchmarks/README.md); with it, the backfill waits for the location.
+BACKFILL_WAITS_FOR_CODE_SWITCH = "DAGSTER_BACKFILL_RETRY_DEFINITION_CHANGED_ERROR"
+DAGSTER_SWITCHES = {PLANNED_EVENTS_SWITCH: "1", BACKFILL_WAITS_FOR_CODE_SWITCH: "1"}
 
 
-def plan_events_per_run() -> None:
-    """Have the runs this process creates write one planned event per asset, not one per
-    document (unless the environment says otherwise): the per-document FAILED status is then kept
-    exact by the analysis step (``report_planned_materialization``)."""
-    os.environ.setdefault(PLANNED_EVENTS_SWITCH, "1")
+def set_dagster_switches() -> None:
+    """Set, unless the environment says otherwise, the Dagster switches that every Dagster process
+    of the project should run with (``DAGSTER_SWITCHES``; the README asks the same of the daemon
+    and the webserver): the runs this process creates write one planned event per asset, not one
+    per document — the per-document FAILED status is then kept exact by the analysis step
+    (``report_planned_materialization``) — and a backfill outlives a code location that fails to
+    load for a moment."""
+    for name, value in DAGSTER_SWITCHES.items():
+        os.environ.setdefault(name, value)
 
 
 def planned_events_per_partition(instance: DagsterInstance) -> bool:
@@ -86,7 +95,9 @@ __all__ = [
     "AssetMaterializationPlannedData",
     "DagsterEvent",
     "PLANNED_EVENTS_SWITCH",
-    "plan_events_per_run",
+    "BACKFILL_WAITS_FOR_CODE_SWITCH",
+    "DAGSTER_SWITCHES",
+    "set_dagster_switches",
     "planned_events_per_partition",
     "report_planned_materialization",
     "BULK_ACTION_TERMINAL_STATUSES",
