@@ -18,6 +18,9 @@ Each has no public equivalent in that release; when Dagster changes, this is the
   embedded default's event log, subclassed to keep its engines (``ai_pipeline.defs.sqlite_storage``;
   it overrides ``_connect``, so check that method's body when Dagster changes), and
   ``DynamicPartitionsTable``, whose rows it reads to keep the keys of dynamic partitions.
+- ``AssetCheckExecutionsTable``, ``AssetCheckExecutionRecordStatus``, ``serialize_value``: the
+  rows a planned check evaluation writes, which ``ai_pipeline.defs.event_log`` writes itself (it
+  overrides ``SqlEventLogStorage._store_asset_check_evaluation_planned``, whose body it mirrors).
 - ``pg_config``: the configuration schema of dagster-postgres's storage, which the production
   instance's pooled storage (``ai_pipeline.defs.pg_storage``) extends; that module also replaces
   each dagster-postgres storage's ``_engine`` (check ``_connect`` there when dagster-postgres
@@ -41,12 +44,13 @@ from dagster._core.execution.backfill import (
     BulkActionStatus,
     PartitionBackfill,
 )
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.config import pg_config
-from dagster._core.storage.event_log.schema import DynamicPartitionsTable
+from dagster._core.storage.event_log.schema import AssetCheckExecutionsTable, DynamicPartitionsTable
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.utils import make_new_backfill_id
-from dagster._serdes import ConfigurableClassData
+from dagster._serdes import ConfigurableClassData, serialize_value
 
 PLANNED_EVENTS_SWITCH = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 # Without it, Dagster 1.13's backfill daemon fails a backfill — and terminates its running runs —
@@ -91,6 +95,9 @@ __all__ = [
     "ConfigurableClassData",
     "SqliteEventLogStorage",
     "DynamicPartitionsTable",
+    "AssetCheckExecutionsTable",
+    "AssetCheckExecutionRecordStatus",
+    "serialize_value",
     "pg_config",
     "AssetMaterializationPlannedData",
     "DagsterEvent",

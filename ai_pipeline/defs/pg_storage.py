@@ -13,7 +13,8 @@ isolation and configuration (``postgres_url`` or ``postgres_db``). Each pool kee
 ``pool_size`` connections per storage and process and opens up to ``max_overflow`` more for
 concurrent callers (the daemon's threads), closed again when returned. A kept connection is
 checked before use (``pool_pre_ping``), so one that a database restart broke is replaced instead
-of failing the write; connections are recycled after ``pool_recycle`` seconds.
+of failing the write; connections are recycled after ``pool_recycle`` seconds. Its event log
+also plans a run's checks in time proportional to the run's documents (``defs.event_log``).
 
 ``deploy/dagster.yaml`` names it as ``storage: custom``.
 """
@@ -23,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from dagster import Field, IntSource
-from dagster_postgres import DagsterPostgresStorage
+from dagster_postgres import DagsterPostgresStorage, PostgresEventLogStorage
 from dagster_postgres.utils import (
     create_pg_engine,
     get_token_provider_from_config,
@@ -31,10 +32,16 @@ from dagster_postgres.utils import (
 )
 
 from ai_pipeline.defs.dagster_private import ConfigurableClassData, pg_config
+from ai_pipeline.defs.event_log import PlannedChecksSerializedOnce
 
 DEFAULT_POOL_SIZE = 1
 DEFAULT_MAX_OVERFLOW = 8
 DEFAULT_POOL_RECYCLE_SECONDS = 3600
+
+
+class PooledPostgresEventLogStorage(PlannedChecksSerializedOnce, PostgresEventLogStorage):
+    """dagster-postgres's event log, a run's planned checks written in time proportional to its
+    documents (``ai_pipeline.defs.event_log``)."""
 
 
 class PooledPostgresStorage(DagsterPostgresStorage):
@@ -56,6 +63,11 @@ class PooledPostgresStorage(DagsterPostgresStorage):
             should_autocreate_tables,
             inst_data=inst_data,
             token_provider=token_provider,
+        )
+        # Its tables exist now (made above when due): the event log with the project's changes.
+        self._event_log_storage.dispose()
+        self._event_log_storage = PooledPostgresEventLogStorage(
+            postgres_url, should_autocreate_tables=False, token_provider=token_provider
         )
         for storage in (self._run_storage, self._event_log_storage, self._schedule_storage):
             # Checked against dagster-postgres 0.29.27: each storage connects through its

@@ -42,12 +42,14 @@ from ai_pipeline.defs.dagster_private import (
     DynamicPartitionsTable,
     SqliteEventLogStorage,
 )
+from ai_pipeline.defs.event_log import PlannedChecksSerializedOnce
 
 ENGINES = 32
 
 
-class EngineReusingSqliteEventLogStorage(SqliteEventLogStorage):
-    """``SqliteEventLogStorage`` with one engine per shard instead of one per connection."""
+class EngineReusingSqliteEventLogStorage(PlannedChecksSerializedOnce, SqliteEventLogStorage):
+    """``SqliteEventLogStorage`` with one engine per shard instead of one per connection (and a
+    run's planned checks written in time proportional to its documents, ``defs.event_log``)."""
 
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None):
         self._engines: OrderedDict[str, Engine] = OrderedDict()

@@ -32,3 +32,54 @@ def test_dynamic_partition_keys_follow_every_writer(tmp_path: Path) -> None:
     assert reader.get_dynamic_partitions("other") == ["x"]
     reader.dispose()
     writer.dispose()
+
+
+def test_planned_checks_are_the_rows_dagster_writes(tmp_path: Path) -> None:
+    """A run's planned check over a range of documents writes, through the project's event log,
+    exactly the asset_check_executions rows Dagster's own storage writes: one per document, each
+    with the same serialized event (written once instead of once per row)."""
+    import time
+
+    import dagster as dg
+    import sqlalchemy as sa
+    from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+        AssetCheckEvaluationPlanned,
+    )
+    from dagster._core.events import DagsterEvent, DagsterEventType
+    from dagster._core.events.log import EventLogEntry
+
+    from ai_pipeline.defs.dagster_private import AssetCheckExecutionsTable, SqliteEventLogStorage
+
+    documents = dg.DynamicPartitionsDefinition(name="documents")
+    keys = [f"{i:016x}" for i in range(300)]
+    subset = documents.empty_subset().with_partition_keys(keys)
+    event = EventLogEntry(
+        error_info=None,
+        level="DEBUG",
+        user_message="",
+        run_id="r1",
+        timestamp=time.time(),
+        dagster_event=DagsterEvent(
+            event_type_value=DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED.value,
+            job_name="j",
+            event_specific_data=AssetCheckEvaluationPlanned(
+                asset_key=dg.AssetKey("llm_analysis"), check_name="schema", partitions_subset=subset
+            ),
+        ),
+    )
+    written = {}
+    for name, cls in (
+        ("dagster", SqliteEventLogStorage),
+        ("ours", EngineReusingSqliteEventLogStorage),
+    ):
+        storage = cls(str(tmp_path / name))
+        storage.store_event(event)
+        with storage.index_connection() as conn:
+            rows = conn.execute(
+                sa.select(AssetCheckExecutionsTable).order_by(AssetCheckExecutionsTable.c.partition)
+            ).all()
+        storage.dispose()
+        written[name] = [{k: v for k, v in r._mapping.items() if k != "id"} for r in rows]
+    assert len(written["ours"]) == len(keys)
+    assert [r["partition"] for r in written["ours"]] == sorted(keys)
+    assert written["ours"] == written["dagster"]
