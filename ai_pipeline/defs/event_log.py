@@ -13,6 +13,10 @@ event serialized once and shared — in one executemany, so planning a run's che
 proportion to its documents. The embedded default's event log
 (``ai_pipeline.defs.sqlite_storage``) and the production one (``ai_pipeline.defs.pg_storage``)
 both take it.
+
+It also remembers that the asset-check table exists: Dagster asks the database (a table
+inspection on a connection of its own) before it stores each check evaluation, four times per
+document, and a table that exists stays; a missing one is asked about again.
 """
 
 from __future__ import annotations
@@ -29,7 +33,16 @@ from ai_pipeline.defs.dagster_private import (
 class PlannedChecksSerializedOnce:
     """Mixin for a ``SqlEventLogStorage``: the rows of a planned check evaluation, its event
     serialized once (checked against dagster 1.13.27: the method it overrides has this body, with
-    ``serialize_value(event)`` inside the per-partition loop)."""
+    ``serialize_value(event)`` inside the per-partition loop), and the check table's existence
+    remembered once seen."""
+
+    _has_check_table = False
+
+    @property
+    def supports_asset_checks(self) -> bool:
+        if not self._has_check_table:
+            self._has_check_table = bool(super().supports_asset_checks)  # type: ignore[misc]
+        return self._has_check_table
 
     def _store_asset_check_evaluation_planned(self, event: Any, event_id: int | None) -> None:
         assert event.dagster_event is not None

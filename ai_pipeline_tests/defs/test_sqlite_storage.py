@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from ai_pipeline.defs.sqlite_storage import EngineReusingSqliteEventLogStorage
 
 
@@ -83,3 +85,22 @@ def test_planned_checks_are_the_rows_dagster_writes(tmp_path: Path) -> None:
     assert len(written["ours"]) == len(keys)
     assert [r["partition"] for r in written["ours"]] == sorted(keys)
     assert written["ours"] == written["dagster"]
+
+
+def test_the_check_table_is_looked_up_once_it_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dagster asks whether the asset-check table exists before every check evaluation it stores;
+    the project's event log asks the database until the table is there, then never again."""
+    storage = EngineReusingSqliteEventLogStorage(str(tmp_path))
+    asked: list[str] = []
+    real = storage.has_table
+
+    def has_table(name: str) -> bool:
+        asked.append(name)
+        return real(name)
+
+    monkeypatch.setattr(storage, "has_table", has_table)
+    assert all(storage.supports_asset_checks for _ in range(20))
+    assert len(asked) == 1
+    storage.dispose()
