@@ -18,8 +18,8 @@ Each has no public equivalent in that release; when Dagster changes, this is the
   embedded default's event log, subclassed to keep its engines (``ai_pipeline.defs.sqlite_storage``;
   it overrides ``_connect``, so check that method's body when Dagster changes), and
   ``DynamicPartitionsTable``, whose rows it reads to keep the keys of dynamic partitions.
-- ``AssetCheckExecutionsTable``, ``AssetCheckExecutionRecordStatus``, ``serialize_value``: the
-  rows a planned check evaluation writes, which ``ai_pipeline.defs.event_log`` writes itself (it
+- ``AssetCheckExecutionsTable``, ``AssetCheckExecutionRecordStatus``, ``serialize_value``,
+  ``DefaultPartitionsSubset``, ``copy_record``: the rows a planned check evaluation writes, which ``ai_pipeline.defs.event_log`` writes itself (it
   overrides ``SqlEventLogStorage._store_asset_check_evaluation_planned``, whose body it mirrors).
 - ``pg_config``: the configuration schema of dagster-postgres's storage, which the production
   instance's pooled storage (``ai_pipeline.defs.pg_storage``) extends; that module also replaces
@@ -37,6 +37,7 @@ from dagster import AssetKey, DagsterInstance, DagsterRun
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
+from dagster._core.definitions.partitions.subset.default import DefaultPartitionsSubset
 from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent
 from dagster._core.execution.backfill import (
     BULK_ACTION_TERMINAL_STATUSES,
@@ -51,6 +52,7 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventL
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.utils import make_new_backfill_id
 from dagster._serdes import ConfigurableClassData, serialize_value
+from dagster_shared.record import copy as copy_record
 
 PLANNED_EVENTS_SWITCH = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 # Without it, Dagster 1.13's backfill daemon fails a backfill — and terminates its running runs —
@@ -98,6 +100,8 @@ __all__ = [
     "AssetCheckExecutionsTable",
     "AssetCheckExecutionRecordStatus",
     "serialize_value",
+    "DefaultPartitionsSubset",
+    "copy_record",
     "pg_config",
     "AssetMaterializationPlannedData",
     "DagsterEvent",

@@ -36,10 +36,14 @@ def test_dynamic_partition_keys_follow_every_writer(tmp_path: Path) -> None:
     writer.dispose()
 
 
-def test_planned_checks_are_the_rows_dagster_writes(tmp_path: Path) -> None:
+def test_planned_checks_are_dagsters_rows_each_with_its_own_partitions_event(
+    tmp_path: Path,
+) -> None:
     """A run's planned check over a range of documents writes, through the project's event log,
-    exactly the asset_check_executions rows Dagster's own storage writes: one per document, each
-    with the same serialized event (written once instead of once per row)."""
+    the asset_check_executions rows Dagster's own storage writes — one per document, the same
+    columns — except that each row's event is the planned event of that row's document alone
+    (Dagster puts the whole run's event, every key of the range, in every row), and Dagster reads
+    them back as the same PLANNED executions."""
     import time
 
     import dagster as dg
@@ -49,12 +53,14 @@ def test_planned_checks_are_the_rows_dagster_writes(tmp_path: Path) -> None:
     )
     from dagster._core.events import DagsterEvent, DagsterEventType
     from dagster._core.events.log import EventLogEntry
+    from dagster._serdes import deserialize_value
 
     from ai_pipeline.defs.dagster_private import AssetCheckExecutionsTable, SqliteEventLogStorage
 
     documents = dg.DynamicPartitionsDefinition(name="documents")
     keys = [f"{i:016x}" for i in range(300)]
     subset = documents.empty_subset().with_partition_keys(keys)
+    check_key = dg.AssetCheckKey(dg.AssetKey("llm_analysis"), "schema")
     event = EventLogEntry(
         error_info=None,
         level="DEBUG",
@@ -65,11 +71,11 @@ def test_planned_checks_are_the_rows_dagster_writes(tmp_path: Path) -> None:
             event_type_value=DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED.value,
             job_name="j",
             event_specific_data=AssetCheckEvaluationPlanned(
-                asset_key=dg.AssetKey("llm_analysis"), check_name="schema", partitions_subset=subset
+                asset_key=check_key.asset_key, check_name=check_key.name, partitions_subset=subset
             ),
         ),
     )
-    written = {}
+    written, history = {}, {}
     for name, cls in (
         ("dagster", SqliteEventLogStorage),
         ("ours", EngineReusingSqliteEventLogStorage),
@@ -80,11 +86,33 @@ def test_planned_checks_are_the_rows_dagster_writes(tmp_path: Path) -> None:
             rows = conn.execute(
                 sa.select(AssetCheckExecutionsTable).order_by(AssetCheckExecutionsTable.c.partition)
             ).all()
+        history[name] = storage.get_asset_check_execution_history(check_key, limit=1000)
         storage.dispose()
         written[name] = [{k: v for k, v in r._mapping.items() if k != "id"} for r in rows]
-    assert len(written["ours"]) == len(keys)
-    assert [r["partition"] for r in written["ours"]] == sorted(keys)
-    assert written["ours"] == written["dagster"]
+    ours, theirs = written["ours"], written["dagster"]
+    assert [r["partition"] for r in ours] == sorted(keys)
+
+    def without_event(rows: list[dict]) -> list[dict]:
+        # create_timestamp is the database's clock at the insert, a second apart or not.
+        skip = ("evaluation_event", "create_timestamp")
+        return [{k: v for k, v in r.items() if k not in skip} for r in rows]
+
+    for a, b in zip(without_event(ours), without_event(theirs), strict=True):
+        assert a == b, {k: (a[k], b[k]) for k in a if a[k] != b[k]}
+    for row in ours:
+        planned = deserialize_value(row["evaluation_event"], EventLogEntry)
+        assert planned.dagster_event_type == DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED
+        assert planned.run_id == "r1" and planned.timestamp == event.timestamp
+        data = planned.dagster_event.event_specific_data
+        assert (data.asset_key, data.check_name) == (check_key.asset_key, check_key.name)
+        assert list(data.partitions_subset.get_partition_keys()) == [row["partition"]]
+    # Dagster's rows hold the whole event each: 300 copies of every key.
+    size = {name: sum(len(r["evaluation_event"]) for r in rows) for name, rows in written.items()}
+    assert size["ours"] * 5 < size["dagster"]
+    assert sorted((r.partition, r.status, r.run_id) for r in history["ours"]) == sorted(
+        (r.partition, r.status, r.run_id) for r in history["dagster"]
+    )
+    assert len(history["ours"]) == len(keys)
 
 
 def test_the_check_table_is_looked_up_once_it_exists(
