@@ -9,7 +9,7 @@ event (125 MB per check, half a gigabyte per run), serialized 2,500 times; the b
 took about 30 s to create such a run on SQLite, 97 % of it in that method (py-spy,
 ``benchmarks/README.md``), and the fourth run of a batch started two minutes after the first.
 
-:class:`PlannedChecksSerializedOnce` writes the same rows — the same columns and values — except
+:class:`CheckRowsPerDocument` writes the same rows — the same columns and values — except
 that each row's event is the planned event narrowed to that row's own partition (what the row
 stands for; the event log keeps the run's whole event), in one executemany: planning a run's
 checks costs time and space in proportion to its documents. Nothing reads a planned row's
@@ -35,7 +35,7 @@ from ai_pipeline.defs.dagster_private import (
 )
 
 
-class PlannedChecksSerializedOnce:
+class CheckRowsPerDocument:
     """Mixin for a ``SqlEventLogStorage``: the rows of a planned check evaluation, each with the
     planned event of its own partition (checked against dagster 1.13.27: the method it overrides
     has this body, with ``serialize_value(event)`` of the whole event in every row), and the check

@@ -32,14 +32,14 @@ from dagster_postgres.utils import (
 )
 
 from ai_pipeline.defs.dagster_private import ConfigurableClassData, pg_config
-from ai_pipeline.defs.event_log import PlannedChecksSerializedOnce
+from ai_pipeline.defs.event_log import CheckRowsPerDocument
 
 DEFAULT_POOL_SIZE = 1
 DEFAULT_MAX_OVERFLOW = 8
 DEFAULT_POOL_RECYCLE_SECONDS = 3600
 
 
-class PooledPostgresEventLogStorage(PlannedChecksSerializedOnce, PostgresEventLogStorage):
+class PooledPostgresEventLogStorage(CheckRowsPerDocument, PostgresEventLogStorage):
     """dagster-postgres's event log, a run's planned checks written in time proportional to its
     documents (``ai_pipeline.defs.event_log``)."""
 

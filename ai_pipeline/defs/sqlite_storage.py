@@ -42,12 +42,12 @@ from ai_pipeline.defs.dagster_private import (
     DynamicPartitionsTable,
     SqliteEventLogStorage,
 )
-from ai_pipeline.defs.event_log import PlannedChecksSerializedOnce
+from ai_pipeline.defs.event_log import CheckRowsPerDocument
 
 ENGINES = 32
 
 
-class EngineReusingSqliteEventLogStorage(PlannedChecksSerializedOnce, SqliteEventLogStorage):
+class EngineReusingSqliteEventLogStorage(CheckRowsPerDocument, SqliteEventLogStorage):
     """``SqliteEventLogStorage`` with one engine per shard instead of one per connection (and a
     run's planned checks written in time proportional to its documents, ``defs.event_log``)."""
 
