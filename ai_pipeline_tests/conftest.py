@@ -176,9 +176,19 @@ def no_inbox_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def daemon(tmp_path: Path, dagster_home: Path) -> Iterator[object]:
     """A ``dagster-daemon`` (a ``DagsterProcess``) for the test to start; stopped at the end, and
     nothing started for this test's instance may survive it: not the daemon, its code server, nor
-    any run worker, wherever it ended up."""
+    any run worker, wherever it ended up.
+
+    The instance's storage is created first, as a deployment's is before its processes start:
+    Dagster's SQLite schedule storage, created by two processes in the same instant (the daemon
+    and a CLI the test starts right after it), can stamp its schema version twice, and every
+    later process then fails to load the instance ("more than one head").
+    """
+    import dagster as dg
+
     from ai_pipeline_tests.dagster_procs import DagsterProcess, running
 
+    with dg.DagsterInstance.from_config(str(dagster_home)):
+        pass
     with running(DagsterProcess.daemon(tmp_path / "daemon.log"), dagster_home) as process:
         yield process
 
