@@ -18,6 +18,7 @@ from typing import Any
 from ai_pipeline.engine import STAGES, Analyser, Event, StageFailed
 from ai_pipeline.failures import Category
 from ai_pipeline.redaction import redact
+from ai_pipeline.window import DocumentWindow
 
 
 class _ForwardedLog:
@@ -37,13 +38,17 @@ class _ForwardedLog:
         self._out.put(("log", "error", msg))
 
 
-def run_batch(analyser: Analyser, document_ids: Sequence[str]) -> Iterator[tuple[str, list[Event]]]:
+def run_batch(
+    analyser: Analyser, document_ids: Sequence[str], *, window: int | None = None
+) -> Iterator[tuple[str, list[Event]]]:
     """Process documents concurrently; yields ``(document_id, events)`` as each one finishes.
 
     The documents run on an event loop in a worker thread, so that LLM calls, notices and database
     writes go on while the caller reports the documents already done (a Dagster step writes each
     event to its event log before it goes on, which takes long enough to matter). Log lines come
     back to the caller's thread. Closing the generator early cancels what is still running.
+    At most ``window`` documents are worked on at once (``ai_pipeline.window``; by default two
+    per call the LLM client can have in flight).
     """
     out: queue.Queue[Any] = queue.Queue()
     caller_log = analyser.log
@@ -51,9 +56,9 @@ def run_batch(analyser: Analyser, document_ids: Sequence[str]) -> Iterator[tuple
     loop = asyncio.new_event_loop()
     main: list[asyncio.Task[None]] = []
 
-    async def one(document_id: str) -> None:
+    async def one(document_id: str, places: DocumentWindow) -> None:
         try:
-            events = await analyser.process(document_id)
+            events = await analyser.process(document_id, places)
         except Exception as e:  # a bug must fail this document, not the batch
             message = redact(f"{type(e).__name__}: {e}")[:500]
             events = [StageFailed(document_id, STAGES[0], Category.INTERNAL_ERROR, message)]
@@ -62,8 +67,13 @@ def run_batch(analyser: Analyser, document_ids: Sequence[str]) -> Iterator[tuple
     async def run_all() -> None:
         # The run's claims are renewed while its documents run, and given up if it is stopped.
         renewer = asyncio.ensure_future(analyser.claims.keep_renewing(analyser.log))
+        places = (
+            DocumentWindow(window)
+            if window is not None
+            else DocumentWindow.for_concurrency(analyser.llm.max_concurrency)
+        )
         try:
-            await asyncio.gather(*(one(d) for d in document_ids))
+            await asyncio.gather(*(one(d, places) for d in document_ids))
         finally:
             renewer.cancel()
             await analyser.llm.aclose()

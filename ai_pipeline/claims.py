@@ -44,8 +44,19 @@ class Claims:
         self._clock = clock
         self.held: set[str] = set()
 
-    async def take(self, task_id: str, document_id: str, log: Log) -> str | None:
-        """Claim a task; None once it is ours, else the run that still holds it after the wait."""
+    async def take(
+        self,
+        task_id: str,
+        document_id: str,
+        log: Log,
+        *,
+        waiting: Callable[[], contextlib.AbstractAsyncContextManager[object]] | None = None,
+    ) -> str | None:
+        """Claim a task; None once it is ours, else the run that still holds it after the wait.
+
+        ``waiting`` wraps each pause between two asks: the batch's document window, stepped out
+        of, so that a document waiting for another run takes no place from the ones that can go.
+        """
         deadline = self._clock() + self.wait_seconds
         announced = False
         while True:
@@ -61,7 +72,8 @@ class Claims:
             if not announced:
                 log.info(f"in progress in run {holder}; waiting up to {left:.0f} s for it")
                 announced = True
-            await self._sleep(min(self.poll_seconds, left))
+            async with waiting() if waiting is not None else contextlib.nullcontext():
+                await self._sleep(min(self.poll_seconds, left))
 
     def release(self, task_id: str) -> None:
         """Give a claim up; when the database is gone it simply expires."""

@@ -31,6 +31,7 @@ The rules that make a rerun safe:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -69,6 +70,7 @@ from ai_pipeline.tasks import (
     task_id,
 )
 from ai_pipeline.tracing import document_span, mark_failed
+from ai_pipeline.window import DocumentWindow
 
 STAGES = (
     "document_text",
@@ -183,18 +185,25 @@ class Analyser:
     def task_for(self, document_id: str) -> str:
         return task_id(document_id, ANALYSE_STEP, self.llm.prompt.version, self.llm.model)
 
-    async def process(self, document_id: str) -> list[Event]:
+    async def process(self, document_id: str, window: DocumentWindow | None = None) -> list[Event]:
         """All stage events for one document; failures are events, never exceptions. The work
-        is one trace (``ai_pipeline.tracing``), its root span this document's."""
+        is one trace (``ai_pipeline.tracing``), its root span this document's. In a batch it
+        happens inside the batch's ``window`` (``ai_pipeline.window``)."""
+        async with window if window is not None else contextlib.nullcontext():
+            return await self._traced(document_id, window)
+
+    async def _traced(self, document_id: str, window: DocumentWindow | None) -> list[Event]:
         task = self.task_for(document_id)
         with document_span(document_id, task, self.run_id) as root:
-            events = await self._process(document_id, task)
+            events = await self._process(document_id, task, window)
             failed = next((e for e in events if isinstance(e, StageFailed)), None)
             if failed is not None:
                 mark_failed(root, failed.category, failed.error)
             return events
 
-    async def _process(self, document_id: str, task: str) -> list[Event]:
+    async def _process(
+        self, document_id: str, task: str, window: DocumentWindow | None
+    ) -> list[Event]:
         log = TaskLog(self.log, task)
         doc = self.store.documents.get(document_id)
         if doc is None:
@@ -207,7 +216,9 @@ class Analyser:
             log.info("rejected by a reviewer; not processed")
             error = f"rejected by a reviewer: {doc.status_message}"
             return [StageFailed(document_id, STAGES[0], category, error, task)]
-        holder = await self.claims.take(task, document_id, log)
+        holder = await self.claims.take(
+            task, document_id, log, waiting=window.stepped_out if window is not None else None
+        )
         if holder is not None:
             return [StageDeferred(document_id, task, holder)]
         try:

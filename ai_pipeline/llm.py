@@ -256,6 +256,7 @@ class LLMClient:
         self.credentials = api_key if isinstance(api_key, Credentials) else Credentials(api_key)
         self.on_failure = on_failure
         self._retrier = Retrier(sleep=sleep, clock=clock)
+        self.max_concurrency = max_concurrency
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._limiter = RateLimiter(requests_per_minute, clock=clock, sleep=sleep)
         self._probe_lock = asyncio.Lock()

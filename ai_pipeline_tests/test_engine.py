@@ -274,3 +274,61 @@ def test_two_runs_over_the_same_documents_pay_once(store: Store) -> None:
     assert {d.state for d in store.documents.rows()} == {State.COMPLETED}
     assert store.results.count() == len(ids)
     assert store.leases.of_documents(ids) == {}, "every claim given up"
+
+
+def test_a_batch_works_on_a_window_of_documents_not_on_all_of_them_at_once(
+    store: Store, simulator: SimulatorServer
+) -> None:
+    """A document is claimed (and its bookkeeping done) only when its turn is near: at most two
+    per call that can be in flight, so the first calls do not wait for the whole batch's."""
+    ids = register(store, [sample_text(i) for i in range(30)])
+    a = analyser(store, simulator)  # 4 calls in flight: a window of 8 documents
+    held: list[int] = []
+    take = a.claims.take
+
+    async def counting_take(*args: object, **kwargs: object) -> str | None:
+        holder = await take(*args, **kwargs)  # type: ignore[arg-type]
+        held.append(len(a.claims.held))
+        return holder
+
+    a.claims.take = counting_take  # type: ignore[method-assign]
+
+    events = run(a, ids)
+
+    assert set(events) == set(ids) and store.results.count() == 30
+    assert len(held) == 30
+    assert 4 < max(held) <= 8, held
+
+
+def test_a_document_waiting_for_another_runs_claim_leaves_its_place_in_the_window(
+    store: Store, simulator: SimulatorServer
+) -> None:
+    """Three documents another live run holds come first in a batch whose window has two places:
+    while they wait for that run, the other documents go through, and only then are the three
+    left to it."""
+    ids = register(store, [sample_text(i) for i in range(9)])
+    held_elsewhere, free = ids[:3], ids[3:]
+    for d in held_elsewhere:
+        assert store.leases.claim(task_of(d), d, "other-run", 600)
+    client = LLMClient(
+        base_url=simulator.base_url, api_key=TEST_API_KEY, model=TEST_MODEL, max_concurrency=1
+    )
+    a = Analyser(
+        store,
+        client,
+        store.results,
+        log=RecordingLog(),
+        run_id="run-1",
+        lease_seconds=3,  # asks again every 0.3 s
+        claim_wait_seconds=2,
+    )
+
+    order = [d for d, _ in run_batch(a, ids)]
+
+    assert sorted(order[:6]) == sorted(free), order
+    assert sorted(order[6:]) == sorted(held_elsewhere)
+    assert {d: simulator.requests_for(task_of(d)) for d in ids} == {
+        **{d: 0 for d in held_elsewhere},
+        **{d: 1 for d in free},
+    }
+    assert store.results.count() == 6
