@@ -396,19 +396,27 @@ class LLMClient:
                         reservation, outcome="CANCELLED" if cancelled else classify(e).value
                     )
                 raise
+        latency_ms = int((time.monotonic() - started) * 1000)
         usage = completion.usage
         prompt_tokens = usage.prompt_tokens if usage else None
         completion_tokens = usage.completion_tokens if usage else None
         model = completion.model or self.model
-        if self.meter is not None and reservation is not None:
-            # Every reply's usage counts, whatever its checks say of it later.
-            self.meter.settle(
-                reservation,
-                model=model,
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-                usage_reported=usage is not None,
-            )
+        try:
+            # The call waiting for this slot goes out first, before this reply's bookkeeping
+            # (its usage, its checkpoint, its document's results) holds the event loop: that
+            # kept every freed slot idle for ~10 ms (``benchmarks/README.md``).
+            await asyncio.sleep(0)
+        finally:
+            if self.meter is not None and reservation is not None:
+                # Every reply's usage counts, whatever its checks say of it later — a reply
+                # whose run is cancelled at this point too.
+                self.meter.settle(
+                    reservation,
+                    model=model,
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=completion_tokens,
+                    usage_reported=usage is not None,
+                )
         choice = completion.choices[0] if completion.choices else None
         if choice is None:
             raise ClassifiedError(Category.SCHEMA_VIOLATION, "the reply has no choices")
@@ -418,7 +426,7 @@ class LLMClient:
             model=model,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
-            latency_ms=int((time.monotonic() - started) * 1000),
+            latency_ms=latency_ms,
         )
 
     async def aclose(self) -> None:

@@ -567,3 +567,40 @@ def test_describe_removes_a_key_the_endpoint_echoes(secret: str) -> None:
     assert text.startswith("HTTP 401: ")
     wrapped = ClassifiedError(Category.AUTH_FAILED, text)
     assert secret not in str(wrapped)
+
+
+class OrderedMeter:
+    """A meter that reserves nothing and records the order of its reservations and settlements."""
+
+    max_completion_tokens = None
+
+    def __init__(self) -> None:
+        self.order: list[str] = []
+
+    def reserve(self, task: str, model: str, messages: Any) -> str:
+        self.order.append(f"reserve {task}")
+        return task
+
+    def settle(self, reservation: str, **_: Any) -> None:
+        self.order.append(f"settle {reservation}")
+
+
+def test_the_call_waiting_for_a_slot_goes_out_before_the_last_replys_bookkeeping(
+    simulator: SimulatorServer,
+) -> None:
+    """With one slot and two calls, the second call is under way (its reservation made) before
+    the first reply's usage is recorded: a reply's bookkeeping does not keep a freed slot idle."""
+    fake = FakeTime()
+    meter = OrderedMeter()
+
+    async def both(client: LLMClient) -> list[LLMReply]:
+        await client.analyse("probe", TEXT)  # until one call has gone through, calls go alone
+        return list(await asyncio.gather(client.analyse("a", TEXT), client.analyse("b", TEXT)))
+
+    replies = run_with(
+        lambda: make_client(simulator, fake, max_concurrency=1, meter=meter),  # type: ignore[arg-type]
+        both,
+    )
+
+    assert [r.finish_reason for r in replies] == ["stop", "stop"]
+    assert meter.order[2:] == ["reserve a", "reserve b", "settle a", "settle b"]
