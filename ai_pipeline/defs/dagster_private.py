@@ -17,7 +17,9 @@ Each has no public equivalent in that release; when Dagster changes, this is the
 - ``SqliteEventLogStorage``, ``SQLITE_BUSY_TIMEOUT_SECONDS``, ``ConfigurableClassData``: the
   embedded default's event log, subclassed to keep its engines (``ai_pipeline.defs.sqlite_storage``;
   it overrides ``_connect``, so check that method's body when Dagster changes), and
-  ``DynamicPartitionsTable``, whose rows it reads to keep the keys of dynamic partitions.
+  ``DynamicPartitionsTable``, whose rows it reads to keep the keys of dynamic partitions;
+  ``SqliteEventLogStorageWatchdog``, which it extends to the WAL file (it overrides ``watch``,
+  which uses the storage's ``_obs`` and ``_watchers``, and ``wipe``).
 - ``AssetCheckExecutionsTable``, ``AssetCheckExecutionRecordStatus``, ``serialize_value``,
   ``DefaultPartitionsSubset``, ``copy_record``: the rows a planned check evaluation writes, which ``ai_pipeline.defs.event_log`` writes itself (it
   overrides ``SqlEventLogStorage._store_asset_check_evaluation_planned``, whose body it mirrors).
@@ -48,7 +50,10 @@ from dagster._core.execution.backfill import (
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.config import pg_config
 from dagster._core.storage.event_log.schema import AssetCheckExecutionsTable, DynamicPartitionsTable
-from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
+    SqliteEventLogStorage,
+    SqliteEventLogStorageWatchdog,
+)
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.utils import make_new_backfill_id
 from dagster._serdes import ConfigurableClassData, serialize_value
@@ -96,6 +101,7 @@ __all__ = [
     "SQLITE_BUSY_TIMEOUT_SECONDS",
     "ConfigurableClassData",
     "SqliteEventLogStorage",
+    "SqliteEventLogStorageWatchdog",
     "DynamicPartitionsTable",
     "AssetCheckExecutionsTable",
     "AssetCheckExecutionRecordStatus",

@@ -1,14 +1,20 @@
-"""The embedded default's event log: Dagster's SQLite storage, keeping its engines.
+"""The embedded default's event log: Dagster's SQLite storage, keeping its connections.
 
 Dagster 1.13's ``SqliteEventLogStorage`` builds a SQLAlchemy engine for every connection and
-disposes of it afterwards. An engine holds SQLAlchemy's compiled-statement cache, so every event
-write compiled its statements again; a run of the analysis job writes a few events per document,
-and profiling showed the compiling and the engine building as the largest share of the time the
-run spent writing them (``benchmarks/README.md``). This subclass keeps one engine per shard (the
-index and the most recent runs, ``ENGINES`` at most) and changes nothing else: each engine still
-uses ``NullPool``, so every connection is opened and closed exactly as before — nothing is held
-open between writes, other processes see the same files, locks and busy timeout, and a dropped
-engine is only a cache miss.
+disposes of it afterwards, so every event write compiled its statements again, opened the file,
+committed with an fsync and closed it — and closing the last connection to a WAL database copies
+the WAL into the database file and fsyncs that too. A run of the analysis job writes nine events
+per document from its step's thread; on two cores four such runs could not write them as fast as
+their documents finished (an event write took ~12 ms; ``benchmarks/README.md``), so their runs
+went on for minutes after their last LLM call. This subclass keeps one engine per shard (the
+index and the most recent runs, ``ENGINES`` at most), each with its connection kept open between
+writes, in WAL mode with ``synchronous=NORMAL`` (the results database's setting: a commit is
+durable against a crash of the process, and only a power loss can take the last ones).
+
+Other processes see every write at once, as WAL readers do. Dagster's UI learns of a run's new
+events from the file system: its watcher looked at the database file only, which a connection
+kept open no longer touches on every commit, so the watcher here looks at the WAL file too.
+``wipe`` closes the connections before the files are deleted.
 
 It also keeps the keys of each dynamic partitions definition it has read. Dagster reads the whole
 list whenever it resolves a range of dynamic partitions — for every asset of every range run it
@@ -32,24 +38,37 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import create_engine, event, func, select
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import QueuePool
 
 from ai_pipeline.defs.dagster_private import (
     SQLITE_BUSY_TIMEOUT_SECONDS,
     ConfigurableClassData,
     DynamicPartitionsTable,
     SqliteEventLogStorage,
+    SqliteEventLogStorageWatchdog,
 )
 from ai_pipeline.defs.event_log import CheckRowsPerDocument
 
 ENGINES = 32
 
 
+class _WatchdogOnWal(SqliteEventLogStorageWatchdog):
+    """Dagster's watcher of a run's events, told of writes to the run's WAL file as well."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._patterns = [self._log_path, f"{self._log_path}-wal"]
+
+    def on_modified(self, event: Any) -> None:
+        self._process_log()
+
+
 class EngineReusingSqliteEventLogStorage(CheckRowsPerDocument, SqliteEventLogStorage):
-    """``SqliteEventLogStorage`` with one engine per shard instead of one per connection (and a
-    run's planned checks written in time proportional to its documents, ``defs.event_log``)."""
+    """``SqliteEventLogStorage`` with one engine and open connection per shard instead of an
+    engine per connection (and a run's planned checks written in time proportional to its
+    documents, ``defs.event_log``)."""
 
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None):
         self._engines: OrderedDict[str, Engine] = OrderedDict()
@@ -83,9 +102,13 @@ class EngineReusingSqliteEventLogStorage(CheckRowsPerDocument, SqliteEventLogSto
             return engine
         engine = create_engine(
             self.conn_string_for_shard(shard),
-            poolclass=NullPool,
-            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS},
+            # Every use of a shard holds the storage's lock, so one connection serves it.
+            poolclass=QueuePool,
+            pool_size=1,
+            max_overflow=2,
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS, "check_same_thread": False},
         )
+        event.listen(engine, "connect", _wal_normal)
         self._engines[shard] = engine
         while len(self._engines) > ENGINES:
             _, oldest = self._engines.popitem(last=False)
@@ -101,6 +124,30 @@ class EngineReusingSqliteEventLogStorage(CheckRowsPerDocument, SqliteEventLogSto
                 self._initialized_dbs.add(shard)
             with engine.connect() as conn, conn.begin():
                 yield conn
+
+    def watch(self, run_id: str, cursor: str | None, callback: Any) -> None:
+        """Dagster's ``watch``, with a watcher that also follows the run's WAL file."""
+        from watchdog.observers import Observer
+
+        observer: Any = self._obs
+        if not observer:
+            observer = self._obs = Observer()  # type: ignore[assignment]
+            observer.start()
+        watchdog = _WatchdogOnWal(self, run_id, callback, cursor)
+        self._watchers[run_id][callback] = (
+            watchdog,
+            observer.schedule(watchdog, self._base_dir, recursive=True),
+        )
+
+    def wipe(self) -> None:
+        self._close_engines()  # the files are about to be deleted
+        super().wipe()
+
+    def _close_engines(self) -> None:
+        with self._db_lock:
+            for engine in self._engines.values():
+                engine.dispose()
+            self._engines.clear()
 
     def get_dynamic_partitions(self, partitions_def_name: str) -> Sequence[str]:
         table = DynamicPartitionsTable
@@ -145,11 +192,15 @@ class EngineReusingSqliteEventLogStorage(CheckRowsPerDocument, SqliteEventLogSto
             return list(keys)
 
     def dispose(self) -> None:
-        with self._db_lock:
-            for engine in self._engines.values():
-                engine.dispose()
-            self._engines.clear()
+        self._close_engines()
         super().dispose()
+
+
+def _wal_normal(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
 
 
 def without_sqlite_event_log(instance_yaml: str) -> str:

@@ -132,3 +132,97 @@ def test_the_check_table_is_looked_up_once_it_exists(
     assert all(storage.supports_asset_checks for _ in range(20))
     assert len(asked) == 1
     storage.dispose()
+
+
+def _log_entry(run_id: str, message: str) -> object:
+    import time
+
+    from dagster._core.events.log import EventLogEntry
+
+    return EventLogEntry(
+        error_info=None,
+        level="INFO",
+        user_message=message,
+        run_id=run_id,
+        timestamp=time.time(),
+    )
+
+
+def _messages(storage: EngineReusingSqliteEventLogStorage, run_id: str) -> list[str]:
+    return [r.event_log_entry.user_message for r in storage.get_records_for_run(run_id).records]
+
+
+def test_a_shard_keeps_one_connection_and_writes_without_an_fsync_per_event(
+    tmp_path: Path,
+) -> None:
+    """Events written one after another go through one kept connection per shard (Dagster's
+    storage opened and closed one per event), in WAL mode with synchronous=NORMAL; another
+    storage sees every one of them at once."""
+    import sqlalchemy as sa
+
+    writer = EngineReusingSqliteEventLogStorage(str(tmp_path))
+    reader = EngineReusingSqliteEventLogStorage(str(tmp_path))
+    opened: list[str] = []
+
+    def on_connect(dbapi_connection: object, _record: object) -> None:
+        opened.append(dbapi_connection.execute("PRAGMA database_list").fetchone()[2])  # type: ignore[attr-defined]
+
+    writer.store_event(_log_entry("run-a", "event 0"))  # type: ignore[arg-type]  # creates it
+    sa.event.listen(sa.engine.Engine, "connect", on_connect)
+    try:
+        for i in range(1, 50):
+            writer.store_event(_log_entry("run-a", f"event {i}"))  # type: ignore[arg-type]
+        assert opened == []
+        assert _messages(reader, "run-a") == [f"event {i}" for i in range(50)]
+        with writer.run_connection("run-a") as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+    finally:
+        sa.event.remove(sa.engine.Engine, "connect", on_connect)
+        writer.dispose()
+        reader.dispose()
+
+
+def test_the_ui_watching_a_run_is_told_of_events_written_through_a_kept_connection(
+    tmp_path: Path,
+) -> None:
+    """Dagster's UI follows a running run through ``watch``, which learns of new events from the
+    file system. A connection kept open writes to the WAL file, not the database file: the
+    watcher hears of it all the same."""
+    import threading
+
+    writer = EngineReusingSqliteEventLogStorage(str(tmp_path))
+    watcher = EngineReusingSqliteEventLogStorage(str(tmp_path))  # the webserver's
+    seen: list[str] = []
+    arrived = threading.Event()
+
+    def callback(entry: object, _cursor: str) -> None:
+        seen.append(entry.user_message)  # type: ignore[attr-defined]
+        if "second" in seen:
+            arrived.set()
+
+    try:
+        writer.store_event(_log_entry("run-b", "first"))  # type: ignore[arg-type]
+        watcher.watch("run-b", None, callback)
+        writer.store_event(_log_entry("run-b", "second"))  # type: ignore[arg-type]
+        assert arrived.wait(15), f"the watcher heard of {seen}"
+        assert seen[-1] == "second"
+    finally:
+        watcher.end_watch("run-b", callback)
+        writer.dispose()
+        watcher.dispose()
+
+
+def test_events_written_after_a_wipe_land_in_the_new_files(tmp_path: Path) -> None:
+    """``wipe`` deletes the runs' files: a storage that kept a connection to one writes the next
+    events to a new file that every other storage reads, not to the deleted one."""
+    storage = EngineReusingSqliteEventLogStorage(str(tmp_path))
+    try:
+        storage.store_event(_log_entry("run-c", "before"))  # type: ignore[arg-type]
+        storage.wipe()
+        storage.store_event(_log_entry("run-c", "after"))  # type: ignore[arg-type]
+        fresh = EngineReusingSqliteEventLogStorage(str(tmp_path))
+        assert _messages(fresh, "run-c") == ["after"]
+        fresh.dispose()
+    finally:
+        storage.dispose()
