@@ -48,7 +48,7 @@ from ai_pipeline.store import Store  # noqa: E402
 class NoClaims(Claims):
     """The comparison: a run that takes no claims at all (what the engine did before them)."""
 
-    async def take(self, task_id: str, document_id: str, log: Log) -> str | None:
+    async def take(self, task_id: str, document_id: str, log: Log, **_: object) -> str | None:
         return None
 
     def release(self, task_id: str) -> None:
@@ -103,18 +103,24 @@ def statements(url: str, n: int) -> dict[str, float]:
     }
 
 
+def register_sample_documents(store: Store, n: int) -> list[str]:
+    """N short documents, each naming the entities the simulator's analysis finds; their ids."""
+    ids = []
+    for i in range(n):
+        text = (
+            f"Order {i} for Harbor Supplies was delivered to Lisbon on time. "
+            f"Customer Ana Ribeiro praised the excellent packaging of shipment {i}."
+        )
+        doc = parse_document(text.encode("utf-8"), f"inbox/{i}.txt")
+        store.documents.register(doc)
+        ids.append(doc.document_id)
+    return ids
+
+
 def engine_pass(url: str, n: int, simulator: SimulatorServer, claims: bool) -> float:
     store = Store(url)
     try:
-        ids = []
-        for i in range(n):
-            text = (
-                f"Order {i} for Harbor Supplies was delivered to Lisbon on time. "
-                f"Customer Ana Ribeiro praised the excellent packaging of shipment {i}."
-            )
-            doc = parse_document(text.encode("utf-8"), f"inbox/{i}.txt")
-            store.documents.register(doc)
-            ids.append(doc.document_id)
+        ids = register_sample_documents(store, n)
         client = LLMClient(
             base_url=simulator.base_url, api_key="bench", model="sim-analyst-1", max_concurrency=16
         )

@@ -12,12 +12,8 @@ opened (counted by SQLAlchemy's ``connect`` event) and the ratio.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -26,19 +22,13 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import git_commit, machine_info  # noqa: E402
+from event_writes import alternate_rounds, finish, new_report, parse_args  # noqa: E402
 
 PG_ADMIN = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--events", type=int, default=200, help="event writes per storage and round"
-    )
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parse_args(__doc__)
 
     import dagster as dg
 
@@ -48,13 +38,7 @@ def main() -> int:
     names = {kind: f"aip_events_{kind}_{uuid.uuid4().hex[:8]}" for kind in ("dagster", "pooled")}
     instances: dict[str, Any] = {}
     opened = {kind: 0 for kind in names}
-    wall = {kind: 0.0 for kind in names}
-    cpu = {kind: 0.0 for kind in names}
-    report: dict[str, Any] = {
-        "command": " ".join(sys.argv),
-        "commit": git_commit() or "unknown",
-        "machine": machine_info(),
-    }
+    report = new_report()
     try:
         with admin.connect() as conn:
             for name in names.values():
@@ -76,15 +60,7 @@ def main() -> int:
 
             sa.event.listen(engine, "connect", count)
             instances[kind] = instance
-        for round_ in range(args.rounds):
-            for kind, instance in instances.items():
-                started, cpu_started = time.perf_counter(), time.process_time()
-                for i in range(args.events):
-                    instance.report_runless_asset_event(
-                        dg.AssetMaterialization("probe", metadata={"round": round_, "i": i})
-                    )
-                wall[kind] += time.perf_counter() - started
-                cpu[kind] += time.process_time() - cpu_started
+        wall, cpu = alternate_rounds(instances, args.events, args.rounds)
     finally:
         for instance in instances.values():
             instance.dispose()
@@ -92,31 +68,9 @@ def main() -> int:
             for name in names.values():
                 conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+    labels = {"dagster": "dagster-postgres", "pooled": "pooled (deploy/)"}
     writes = args.events * args.rounds
-    for kind in names:
-        report[kind] = {
-            "events": writes,
-            "wall_ms_per_event": round(wall[kind] / writes * 1000, 2),
-            "cpu_ms_per_event_this_process": round(cpu[kind] / writes * 1000, 2),
-            "connections_opened": opened[kind],
-        }
-    report["wall_ratio_dagster_over_pooled"] = round(wall["dagster"] / wall["pooled"], 2)
-    report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(
-            f"{report['command']}  (commit {report['commit']}, load {report['machine']['loadavg']})"
-        )
-        for kind, label in (("dagster", "dagster-postgres"), ("pooled", "pooled (deploy/)")):
-            r = report[kind]
-            print(
-                f"  {label:<17} {r['wall_ms_per_event']:>7} ms/event wall, "
-                f"{r['cpu_ms_per_event_this_process']:>5} ms CPU here, "
-                f"{r['connections_opened']} connections for {r['events']} events"
-            )
-        print(f"  ratio (wall): {report['wall_ratio_dagster_over_pooled']}×")
-        print(f"  load at the end {report['loadavg_end']}")
+    finish(report, labels, writes, wall, cpu, opened, as_json=args.json)
     return 0
 
 

@@ -34,9 +34,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from claims import register_sample_documents  # noqa: E402
 
 from ai_pipeline.batch import run_batch  # noqa: E402
-from ai_pipeline.documents import parse_document  # noqa: E402
 from ai_pipeline.engine import Analyser  # noqa: E402
 from ai_pipeline.llm import LLMClient  # noqa: E402
 from ai_pipeline.retry import NullLog  # noqa: E402
@@ -56,15 +58,7 @@ def serve(urls: Any, latency_ms: int) -> None:
 def one_pass(base_url: str, n: int, concurrency: int, window: int | None, tmp: Path) -> dict:
     store = Store(f"sqlite:///{tmp / f'slots-{time.monotonic_ns()}.sqlite'}")
     try:
-        ids = []
-        for i in range(n):
-            text = (
-                f"Order {i} for Harbor Supplies was delivered to Lisbon on time. "
-                f"Customer Ana Ribeiro praised the excellent packaging of shipment {i}."
-            )
-            doc = parse_document(text.encode("utf-8"), f"inbox/{i}.txt")
-            store.documents.register(doc)
-            ids.append(doc.document_id)
+        ids = register_sample_documents(store, n)
         client = LLMClient(
             base_url=base_url, api_key="bench", model="sim-analyst-1", max_concurrency=concurrency
         )

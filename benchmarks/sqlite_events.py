@@ -12,12 +12,8 @@ SQLAlchemy's ``connect`` event) and the ratio.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import git_commit, machine_info  # noqa: E402
+from event_writes import alternate_rounds, finish, new_report, parse_args  # noqa: E402
 
 PROJECT_SECTION = (
     "event_log_storage:\n"
@@ -39,13 +35,7 @@ PROJECT_SECTION = (
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--events", type=int, default=200, help="event writes per storage and round"
-    )
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parse_args(__doc__)
 
     import dagster as dg
     from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
@@ -53,13 +43,7 @@ def main() -> int:
     kinds = {"dagster": "", "project": PROJECT_SECTION}
     instances: dict[str, Any] = {}
     opened = {kind: 0 for kind in kinds}
-    wall = {kind: 0.0 for kind in kinds}
-    cpu = {kind: 0.0 for kind in kinds}
-    report: dict[str, Any] = {
-        "command": " ".join(sys.argv),
-        "commit": git_commit() or "unknown",
-        "machine": machine_info(),
-    }
+    report = new_report()
 
     try:
         for kind, section in kinds.items():
@@ -79,46 +63,16 @@ def main() -> int:
                     opened[kind] += 1
 
         sa.event.listen(sa.engine.Engine, "connect", on_connect)
-        for round_ in range(args.rounds):
-            for kind, instance in instances.items():
-                started, cpu_started = time.perf_counter(), time.process_time()
-                for i in range(args.events):
-                    instance.report_runless_asset_event(
-                        dg.AssetMaterialization("probe", metadata={"round": round_, "i": i})
-                    )
-                wall[kind] += time.perf_counter() - started
-                cpu[kind] += time.process_time() - cpu_started
+        wall, cpu = alternate_rounds(instances, args.events, args.rounds)
         for kind, instance in instances.items():
             written = instance.fetch_materializations(dg.AssetKey("probe"), limit=10_000).records
             assert len(written) == args.events * args.rounds, (kind, len(written))
     finally:
         for instance in instances.values():
             instance.dispose()
+    labels = {"dagster": "Dagster's SQLite", "project": "dagster.yaml's"}
     writes = args.events * args.rounds
-    for kind in kinds:
-        report[kind] = {
-            "events": writes,
-            "wall_ms_per_event": round(wall[kind] / writes * 1000, 2),
-            "cpu_ms_per_event_this_process": round(cpu[kind] / writes * 1000, 2),
-            "connections_opened": opened[kind],
-        }
-    report["wall_ratio_dagster_over_project"] = round(wall["dagster"] / wall["project"], 2)
-    report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(
-            f"{report['command']}  (commit {report['commit']}, load {report['machine']['loadavg']})"
-        )
-        for kind, label in (("dagster", "Dagster's SQLite"), ("project", "dagster.yaml's")):
-            r = report[kind]
-            print(
-                f"  {label:<17} {r['wall_ms_per_event']:>7} ms/event wall, "
-                f"{r['cpu_ms_per_event_this_process']:>5} ms CPU here, "
-                f"{r['connections_opened']} connections for {r['events']} events"
-            )
-        print(f"  ratio (wall): {report['wall_ratio_dagster_over_project']}×")
-        print(f"  load at the end {report['loadavg_end']}")
+    finish(report, labels, writes, wall, cpu, opened, as_json=args.json)
     return 0
 
 
