@@ -3,8 +3,8 @@
 A batch's documents all start together, but a document's bookkeeping before its call (its claim,
 its state, its text) runs on the same event loop that sends and receives the LLM calls. Started
 all at once, a 2,500-document run did every document's bookkeeping before the loop could send its
-second call: about 8 ms a document, 20 s in which one call was in flight instead of the run's
-limit (``benchmarks/README.md``). The window admits a few more documents than can be in flight,
+second call: about 7 ms a document, 17 s in which one call was in flight instead of the run's
+limit (``benchmarks/slots.py``). The window admits a few more documents than can be in flight,
 so a document is prepared just before a slot is free for it, and each is claimed only when its
 turn comes — a launch overlapping this one takes the documents this run has not reached.
 """
