@@ -17,8 +17,13 @@ from typing import Any
 
 from ai_pipeline.engine import STAGES, Analyser, Event, StageFailed
 from ai_pipeline.failures import Category
+from ai_pipeline.llm import RunStopped
 from ai_pipeline.redaction import redact
+from ai_pipeline.tasks import document_of
 from ai_pipeline.window import DocumentWindow
+
+# How long past the LLM client's timeout a stopped batch waits for its calls in flight.
+STOP_GRACE_SECONDS = 5.0
 
 
 class _ForwardedLog:
@@ -46,7 +51,8 @@ def run_batch(
     The documents run on an event loop in a worker thread, so that LLM calls, notices and database
     writes go on while the caller reports the documents already done (a Dagster step writes each
     event to its event log before it goes on, which takes long enough to matter). Log lines come
-    back to the caller's thread. Closing the generator early cancels what is still running.
+    back to the caller's thread. Closing the generator early stops what is still running, letting
+    the calls in flight bring their answers in (``stop``).
     At most ``window`` documents are worked on at once (``ai_pipeline.window``; by default two
     per call the LLM client can have in flight).
     """
@@ -55,10 +61,13 @@ def run_batch(
     analyser.log = _ForwardedLog(out)
     loop = asyncio.new_event_loop()
     main: list[asyncio.Task[None]] = []
+    children: list[tuple[str, asyncio.Future[None]]] = []
 
     async def one(document_id: str, places: DocumentWindow) -> None:
         try:
             events = await analyser.process(document_id, places)
+        except RunStopped:
+            return  # its paid answer checkpointed after the batch was closed: nobody listens
         except Exception as e:  # a bug must fail this document, not the batch
             message = redact(f"{type(e).__name__}: {e}")[:500]
             events = [StageFailed(document_id, STAGES[0], Category.INTERNAL_ERROR, message)]
@@ -72,13 +81,27 @@ def run_batch(
             if window is not None
             else DocumentWindow.for_concurrency(analyser.llm.max_concurrency)
         )
+        children.extend((d, asyncio.ensure_future(one(d, places))) for d in document_ids)
         try:
-            await asyncio.gather(*(one(d, places) for d in document_ids))
+            # Each document's end, whatever it was: a stop cancels some of them (``stop``).
+            await asyncio.gather(*(child for _, child in children), return_exceptions=True)
         finally:
             renewer.cancel()
             await analyser.llm.aclose()
             if analyser.notifier is not None:
                 await analyser.notifier.aclose()
+
+    def stop() -> None:
+        """Closed early: no new call goes out, and what waits or works is cancelled now — except
+        the documents whose call is in flight. Their answers are paid for, so each comes in and is
+        checkpointed before its document stops; a rerun never buys them again. Those calls end
+        within the client's timeout; whatever still runs after that is cancelled too."""
+        analyser.llm.stop()
+        calling = {document_of(task) for task in analyser.llm.in_flight}
+        for document_id, child in children:
+            if document_id not in calling:
+                child.cancel()
+        loop.call_later(analyser.llm.timeout_seconds + STOP_GRACE_SECONDS, main[0].cancel)
 
     def work() -> None:
         try:
@@ -107,8 +130,8 @@ def run_batch(
     finally:
         analyser.log = caller_log
         if worker.is_alive():
-            # Closed early: cancel what still runs (unless the loop has just finished by itself).
+            # Closed early: stop what still runs (unless the loop has just finished by itself).
             if main and not loop.is_closed():
                 with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(main[0].cancel)
+                    loop.call_soon_threadsafe(stop)
             worker.join()

@@ -14,7 +14,8 @@ tests.
 The rules that make a rerun safe:
 
 - the LLM is called only when no checkpoint exists for the task id, and its reply is stored before
-  anything else is done with it;
+  anything else is done with it — also when the run is stopped while the call is in flight
+  (``ai_pipeline.batch``);
 - results are upserted (one row per document, ever), through the writer the caller passes in —
   the results IO manager;
 - a completion notice is sent only when no checkpoint exists for its own task id, with that id as
@@ -42,7 +43,7 @@ from typing import Any, Protocol
 
 from ai_pipeline.claims import DEFAULT_LEASE_SECONDS, DEFAULT_WAIT_SECONDS, Claims
 from ai_pipeline.failures import Category, ClassifiedError
-from ai_pipeline.llm import LLMClient, LLMReply
+from ai_pipeline.llm import LLMClient, LLMReply, RunStopped
 from ai_pipeline.notify import Notifier
 from ai_pipeline.redaction import redact
 from ai_pipeline.retry import Log
@@ -496,6 +497,10 @@ class Analyser:
             raise _StageError("llm_analysis", e.category, e.message, task) from e
         # A crash after this line never pays for the same call again.
         self.store.checkpoints.put(task, doc.document_id, step, reply.to_payload())
+        if self.llm.stopping:
+            # The run stopped while this call was in flight: its answer is kept, the rest is
+            # left to the next run.
+            raise RunStopped(f"stopped after the checkpoint of {task}")
         if submitted and self.store.documents.cancel_requested(doc.document_id):
             raise _Cancelled()
         return reply, False

@@ -23,7 +23,7 @@ import os
 import shlex
 import subprocess
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,6 +232,11 @@ class RateLimiter:
 # --- the client ----------------------------------------------------------------------------------
 
 
+class RunStopped(BaseException):  # noqa: N818 - a stop, like asyncio.CancelledError, not an error
+    """The run is stopping: no new call goes out. Raised past every retry and failure handler,
+    as a cancellation is, so the document ends where it is, neither failed nor done."""
+
+
 class LLMClient:
     """Async analysis calls against one OpenAI-compatible endpoint, for one run."""
 
@@ -257,6 +262,9 @@ class LLMClient:
         self.on_failure = on_failure
         self._retrier = Retrier(sleep=sleep, clock=clock)
         self.max_concurrency = max_concurrency
+        self.timeout_seconds = timeout_seconds
+        self.stopping = False
+        self._in_flight: Counter[str] = Counter()
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._limiter = RateLimiter(requests_per_minute, clock=clock, sleep=sleep)
         self._probe_lock = asyncio.Lock()
@@ -275,6 +283,20 @@ class LLMClient:
     @property
     def circuit_open(self) -> bool:
         return self._circuit is not None
+
+    @property
+    def in_flight(self) -> set[str]:
+        """The task ids whose request has been sent and whose reply is not yet handed back."""
+        return set(self._in_flight)
+
+    def stop(self) -> None:
+        """Send no new request (each raises ``RunStopped``); those in flight go on to their reply:
+        it is paid for, so it is handed back to be checkpointed."""
+        self.stopping = True
+
+    def _refuse_if_stopping(self, task_id: str) -> None:
+        if self.stopping:
+            raise RunStopped(f"not sent: the run is stopping ({task_id})")
 
     async def analyse(self, task_id: str, text: str, *, log: Log | None = None) -> LLMReply:
         """One analysis under the retry policy; raises ClassifiedError when it cannot be had."""
@@ -371,9 +393,14 @@ class LLMClient:
         return reply
 
     async def _request(self, task_id: str, text: str) -> LLMReply:
+        self._refuse_if_stopping(task_id)
         await self._limiter.acquire()
         messages = self.prompt.messages(text)
         async with self._semaphore:
+            self._refuse_if_stopping(task_id)
+            # In flight from here until the reply is handed back: a run that stops meanwhile lets
+            # it come in, and checkpoints it (``ai_pipeline.batch``).
+            self._in_flight[task_id] += 1
             # Reserved only while in flight: a call waiting for a slot holds no budget.
             reservation = self.meter.reserve(task_id, self.model, messages) if self.meter else None
             # Under a budget the reply may not be longer than the completion tokens reserved for
@@ -390,6 +417,7 @@ class LLMClient:
                     **({"max_tokens": limit} if limit is not None else {}),
                 )
             except BaseException as e:  # a cancelled call releases its reservation too
+                self._landed(task_id)
                 if self.meter is not None and reservation is not None:
                     cancelled = isinstance(e, asyncio.CancelledError)
                     self.meter.settle(
@@ -407,6 +435,7 @@ class LLMClient:
             # kept every freed slot idle for ~10 ms (``benchmarks/README.md``).
             await asyncio.sleep(0)
         finally:
+            self._landed(task_id)
             if self.meter is not None and reservation is not None:
                 # Every reply's usage counts, whatever its checks say of it later — a reply
                 # whose run is cancelled at this point too.
@@ -428,6 +457,13 @@ class LLMClient:
             completion_tokens=completion_tokens,
             latency_ms=latency_ms,
         )
+
+    def _landed(self, task_id: str) -> None:
+        """The reply (or the failure) of a call in flight is in: from here on nothing suspends
+        before the caller has it."""
+        self._in_flight[task_id] -= 1
+        if not self._in_flight[task_id]:
+            del self._in_flight[task_id]
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -4,6 +4,7 @@ the openai SDK over HTTP against the simulator."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -244,6 +245,27 @@ def test_closing_the_batch_early_cancels_the_rest(store: Store) -> None:
         assert slow.stats()["total"] <= 2, "one answered, at most one more in flight"
     states = {d.state for d in store.documents.rows() if d.document_id != first}
     assert State.COMPLETED not in states
+
+
+def test_closing_the_batch_while_calls_are_in_flight_keeps_their_answers(store: Store) -> None:
+    """A batch closed while calls are in flight (a Dagster step that failed, a run terminated)
+    lets those calls come in and checkpoints their answers before it ends: every answer the
+    endpoint gave is kept, so no rerun buys it again; no call goes out after the close."""
+    ids = register(store, [sample_text(40 + i) for i in range(12)])
+    with SimulatorServer(SimulatorConfig(latency_ms=400)) as slow:
+        a = analyser(store, slow)
+        batch = run_batch(a, ids)
+        next(batch)  # the probe call's document; the next calls are now in flight
+        batch.close()
+        requests = slow.stats()["requests"]
+        time.sleep(0.6)  # anything sent after the close would have been answered by now
+        assert slow.stats()["total"] == len(requests), "no call goes out after the close"
+    assert len(requests) > 1, "calls were in flight at the close"
+    assert [r["status"] for r in requests] == [200] * len(requests), "none was abandoned"
+    answered = {r["key"] for r in requests}
+    assert {t for t in answered if store.checkpoints.get(t) is not None} == answered
+    completed = {d.document_id for d in store.documents.rows() if d.state == State.COMPLETED}
+    assert len(completed) == 1, "the stopped ones go no further than their checkpoint"
 
 
 def test_two_runs_over_the_same_documents_pay_once(store: Store) -> None:
