@@ -12,8 +12,9 @@ swapped for pooled ones and nothing else changed: the same tables, statements, `
 isolation and configuration (``postgres_url`` or ``postgres_db``). Each pool keeps
 ``pool_size`` connections per storage and process and opens up to ``max_overflow`` more for
 concurrent callers (the daemon's threads), closed again when returned. A kept connection is
-checked before use (``pool_pre_ping``), so one that a database restart broke is replaced instead
-of failing the write; connections are recycled after ``pool_recycle`` seconds. Its event log
+checked before use (``ai_pipeline.store.database.ping_when_idle``: without a round trip unless it
+sat idle for a few seconds), so one that a database restart broke is replaced instead of failing
+the write; connections are recycled after ``pool_recycle`` seconds. Its event log
 also plans a run's checks in time proportional to the run's documents (``defs.event_log``).
 
 ``deploy/dagster.yaml`` names it as ``storage: custom``.
@@ -33,6 +34,7 @@ from dagster_postgres.utils import (
 
 from ai_pipeline.defs.dagster_private import ConfigurableClassData, pg_config
 from ai_pipeline.defs.event_log import CheckRowsPerDocument
+from ai_pipeline.store.database import ping_when_idle
 
 DEFAULT_POOL_SIZE = 1
 DEFAULT_MAX_OVERFLOW = 8
@@ -81,8 +83,8 @@ class PooledPostgresStorage(DagsterPostgresStorage):
                 pool_size=pool_size,
                 max_overflow=max_overflow,
                 pool_recycle=pool_recycle,
-                pool_pre_ping=True,
             )
+            ping_when_idle(storage._engine)
 
     @classmethod
     def config_type(cls) -> Any:

@@ -7,16 +7,17 @@ that may happen twice is an upsert or an insert-if-absent (``Database.insert`` g
 
 Every read and write goes through ``Database.read`` / ``Database.write``, which run it again when
 the connection failed — a PostgreSQL restart, a dropped connection, SQLite busy — with backoff, for
-up to ``retry_seconds`` (``AI_PIPELINE_DB_RETRY_SECONDS``, 60 by default). Pool pre-ping alone
-does not cover a statement in flight when the server goes. Only when the outage outlasts that does
-a call raise ``StoreUnavailable`` (DATABASE_UNAVAILABLE, retryable), naming the database with its
-password hidden. A write retried after its commit was lost on the way back is harmless: writes are
+up to ``retry_seconds`` (``AI_PIPELINE_DB_RETRY_SECONDS``, 60 by default). A check of idle pooled
+connections (``ping_when_idle``) does not cover a statement in flight when the server goes. Only
+when the outage outlasts that does a call raise ``StoreUnavailable`` (DATABASE_UNAVAILABLE,
+retryable), naming the database with its password hidden. A write retried after its commit was lost on the way back is harmless: writes are
 upserts, inserts-if-absent or compare-and-set transitions (an appended failure event may then be
 recorded twice).
 """
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -35,6 +36,8 @@ _INSERTS: dict[str, Any] = {"postgresql": postgresql.insert, "sqlite": sqlite.in
 IN_CHUNK = 500
 DEFAULT_RETRY_SECONDS = 60.0
 _BACKOFF = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
+# A pooled connection unused for longer than this is checked before use (``ping_when_idle``).
+IDLE_PING_SECONDS = 5.0
 
 
 class StoreUnavailable(ClassifiedError):
@@ -85,7 +88,56 @@ def make_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
-    return sa.create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    return ping_when_idle(sa.create_engine(url, pool_size=10, max_overflow=20))
+
+
+def ping_when_idle(engine: Engine, idle_seconds: float | None = None) -> Engine:
+    """Check a pooled connection as it is taken from the pool, without a round trip unless it sat
+    there for more than ``idle_seconds`` (``IDLE_PING_SECONDS``): one that the server closed (a
+    restart, its sessions ended) is replaced instead of failing the call.
+
+    ``pool_pre_ping`` pings on every checkout, a round trip to the server before every statement;
+    a run makes dozens a document, in its store calls and its Dagster event writes, and on a busy
+    PostgreSQL server those pings cost as much as the statements (``benchmarks/README.md``). A
+    server that closes a session sends its goodbye (an error message, then end of file), so an idle
+    connection's socket with something to read is one the server closed: that costs a ``select``
+    and no round trip. A connection idle for longer, which a silent network may have broken, is
+    pinged as SQLAlchemy's pessimistic check does (the dialect's ``do_ping`` in a ``checkout``
+    listener; ``DisconnectionError`` makes the pool connect again).
+    """
+    idle = IDLE_PING_SECONDS if idle_seconds is None else idle_seconds
+
+    @sa.event.listens_for(engine, "checkin")
+    def _returned(_dbapi_connection: Any, record: Any) -> None:
+        record.info["returned_at"] = time.monotonic()
+
+    @sa.event.listens_for(engine, "checkout")
+    def _check(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        returned = record.info.get("returned_at")
+        if returned is None:
+            return  # new: just connected
+        if _closed_by_server(dbapi_connection):
+            raise sa.exc.DisconnectionError("the server closed a pooled connection")
+        if time.monotonic() - returned < idle:
+            return
+        try:
+            alive = engine.dialect.do_ping(dbapi_connection)
+        except Exception as e:
+            raise sa.exc.DisconnectionError(f"a pooled connection is gone: {e}") from e
+        if not alive:
+            raise sa.exc.DisconnectionError("a pooled connection is gone")
+
+    return engine
+
+
+def _closed_by_server(dbapi_connection: Any) -> bool:
+    """Whether an idle connection's socket has something to read: nothing is due on it, so it is
+    the server's farewell."""
+    try:
+        readable, _, _ = select.select([dbapi_connection.fileno()], [], [], 0)
+    except (OSError, ValueError, AttributeError):
+        return True
+    return bool(readable)
 
 
 def create_schema(engine: Engine) -> None:
@@ -159,6 +211,14 @@ class Database:
     ):
         self.url = normalise_url(url)
         self.engine = make_engine(self.url)
+        # On PostgreSQL a read runs outside a transaction: a psycopg2 connection would open one
+        # for it (a BEGIN) and the pool close it (a ROLLBACK), two round trips more for every
+        # read. Its statements see what is committed either way (READ COMMITTED).
+        self._reader = (
+            self.engine.execution_options(isolation_level="AUTOCOMMIT")
+            if self.engine.dialect.name == "postgresql"
+            else self.engine
+        )
         self.retry_seconds = retry_seconds
         self._sleep = sleep
         self._lock = threading.Lock()
@@ -190,7 +250,7 @@ class Database:
         """Run ``work`` on a connection, again if the connection failed."""
 
         def on_connection() -> T:
-            with self.engine.connect() as conn:
+            with self._reader.connect() as conn:
                 return work(conn)
 
         return self._retrying(on_connection)

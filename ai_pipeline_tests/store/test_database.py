@@ -12,7 +12,7 @@ import sqlalchemy as sa
 import ai_pipeline.store as store_module
 from ai_pipeline.failures import Category
 from ai_pipeline.settings import Settings
-from ai_pipeline.store import Store, get_store
+from ai_pipeline.store import Store, database, get_store
 from ai_pipeline.store.database import StoreUnavailable, normalise_url, redact_url, transient
 from ai_pipeline_tests.postgres import OwnedPostgres
 
@@ -167,6 +167,69 @@ def test_an_outage_past_the_retries_names_the_database(owned_postgres: OwnedPost
     assert f"127.0.0.1:{owned_postgres.port}/gone" in info.value.message
     assert "s3cr3t" not in info.value.message and "***" in info.value.message
     store.db.dispose()
+
+
+def test_a_pooled_connection_is_checked_without_a_round_trip_unless_it_sat_idle(
+    owned_postgres: OwnedPostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Back-to-back calls reuse their pooled connection without a ping (a round trip each); one
+    the server closed (its sessions ended, as in a restart) is replaced at checkout, still without
+    a ping, and the call succeeds without a retry; one that sat idle past the threshold is
+    pinged."""
+    monkeypatch.setattr(database, "IDLE_PING_SECONDS", 0.5)
+    store = Store(owned_postgres.create_database("pings"), retry_seconds=30)
+    dialect = store.db.engine.dialect
+    pings: list[bool] = []
+    real_ping = dialect.do_ping
+
+    def counted(dbapi_connection: object) -> bool:
+        alive = real_ping(dbapi_connection)  # type: ignore[arg-type]
+        pings.append(alive)
+        return alive
+
+    monkeypatch.setattr(dialect, "do_ping", counted)
+    try:
+        for i in range(20):
+            store.checkpoints.put(f"t-{i}", "d", "analyse", {"n": i})
+            assert store.checkpoints.get(f"t-{i}") == {"n": i}
+        assert pings == []
+        admin = sa.create_engine(normalise_url(owned_postgres.create_database("admin")))
+        with admin.connect() as conn:
+            ended = conn.execute(
+                sa.text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = 'pings'"
+                )
+            ).scalar_one()
+        admin.dispose()
+        assert ended >= 1
+        time.sleep(0.1)  # the server's farewell reaches the pooled socket
+        assert store.checkpoints.get("t-1") == {"n": 1}
+        assert store.db.retries == 0, "the closed connection was replaced at checkout"
+        assert pings == []
+        time.sleep(0.7)
+        assert store.checkpoints.get("t-0") == {"n": 0}
+        assert pings == [True]
+    finally:
+        store.db.dispose()
+
+
+def test_reads_on_postgresql_run_outside_a_transaction_writes_inside_one(
+    pg_test_database_url: str,
+) -> None:
+    """A read takes its pooled connection in autocommit (no BEGIN and ROLLBACK around it); the
+    same connection back in a write runs in a transaction again."""
+    store = Store(pg_test_database_url)
+
+    def autocommit(conn: sa.Connection) -> bool:
+        return bool(conn.connection.dbapi_connection.autocommit)  # type: ignore[union-attr]
+
+    try:
+        assert store.db.read(autocommit) is True
+        assert store.db.write(autocommit) is False
+        assert store.db.read(autocommit) is True
+    finally:
+        store.db.dispose()
 
 
 def test_only_connection_errors_are_transient(tmp_path: Path) -> None:
