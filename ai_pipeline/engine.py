@@ -129,20 +129,16 @@ class _StageError(ClassifiedError):
         self.task = task  # the call it is about, when not the document's own (a section)
 
 
-def _start(store: Store, document_id: str, run_id: str | None) -> State:
-    """Move a document (whose claim the caller holds) to RUNNING along the legal path; returns the
-    state it was in. COMPLETED and CANCELLED documents keep their state: a rerun only re-reports
-    their checkpoints."""
-    doc = store.documents.get(document_id)
-    assert doc is not None
-    current = doc.state
-    if current in (State.COMPLETED, State.CANCELLED):
-        return current
-    if current != State.QUEUED:
-        # From PENDING, FAILED or DEAD_LETTER; or RUNNING left behind by a run that died.
-        store.documents.transition(document_id, State.QUEUED)
-    store.documents.transition(document_id, State.RUNNING, run_id=run_id)
-    return current
+def _start(store: Store, doc: StoredDocument, run_id: str | None) -> State:
+    """Move a document (whose claim the caller holds, just loaded) to RUNNING along the legal path,
+    in one update; returns the state it was in. COMPLETED and CANCELLED documents keep their
+    state: a rerun only re-reports their checkpoints."""
+    if doc.state in (State.COMPLETED, State.CANCELLED):
+        return doc.state
+    # From PENDING, FAILED or DEAD_LETTER through QUEUED; or RUNNING left behind by a run that died.
+    return store.documents.transition(
+        doc.document_id, State.RUNNING, through=State.QUEUED, run_id=run_id
+    )
 
 
 def _owner_id(run_id: str | None) -> str:
@@ -234,7 +230,7 @@ class Analyser:
         assert doc is not None
         previous: State | None = None
         try:
-            previous = _start(self.store, document_id, self.run_id)
+            previous = _start(self.store, doc, self.run_id)
             if previous == State.CANCELLED:
                 log.info("cancelled; skipped")
                 return events

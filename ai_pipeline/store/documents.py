@@ -248,8 +248,11 @@ class Documents:
         count_attempt: bool = False,
         reset_attempts: bool = False,
         expected_run_id: str | None = None,
+        through: State | None = None,
     ) -> State:
         """Move a document to ``target`` if the state machine allows it; returns the old state.
+        With ``through``, the move passes through that state first (unless the document is in it
+        already), each step checked, in one update.
 
         The update is a compare-and-set on the state read (and on ``expected_run_id``, when
         given: the run that holds it), so two writers cannot both move a document out of the same
@@ -269,7 +272,9 @@ class Documents:
                 raise ConcurrentChange(
                     f"document {document_id} is held by run {row.run_id}, not {expected_run_id}"
                 )
-            check_transition(document_id, current, target)
+            if through is not None:
+                check_transition(document_id, current, through)
+            check_transition(document_id, through or current, target)
             values: dict[str, Any] = {"state": target.value, "updated_at": utcnow()}
             if target == State.COMPLETED:
                 values.update(category=None, last_error=None)

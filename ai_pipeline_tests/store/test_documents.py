@@ -164,6 +164,30 @@ def test_illegal_transition_raises_and_changes_nothing(store: Store) -> None:
     assert row is not None and row.state == State.CANCELLED
 
 
+def test_a_move_through_a_state_checks_both_steps_in_one_update(store: Store) -> None:
+    """``through`` moves PENDING, FAILED or QUEUED on to RUNNING as two legal steps would; a step
+    the state machine forbids is refused and changes nothing."""
+    docs = [_doc(f"Moved through QUEUED, number {i}.") for i in range(3)]
+    for d in docs:
+        store.documents.register(d)
+    pending, failed, queued = (d.document_id for d in docs)
+    move = store.documents.transition
+    for did in (failed, queued):
+        move(did, State.QUEUED)
+    move(failed, State.RUNNING)
+    move(failed, State.FAILED, category=Category.NETWORK_TIMEOUT)
+    assert move(pending, State.RUNNING, through=State.QUEUED, run_id="r") is State.PENDING
+    assert move(failed, State.RUNNING, through=State.QUEUED, run_id="r") is State.FAILED
+    assert move(queued, State.RUNNING, through=State.QUEUED, run_id="r") is State.QUEUED
+    rows = store.documents.rows([pending, failed, queued])
+    assert {(r.state, r.run_id) for r in rows} == {(State.RUNNING, "r")}
+    move(pending, State.COMPLETED)
+    with pytest.raises(IllegalTransition, match="COMPLETED -> QUEUED"):
+        move(pending, State.RUNNING, through=State.QUEUED)
+    row = store.documents.get(pending)
+    assert row is not None and row.state == State.COMPLETED
+
+
 def test_same_state_transition_is_a_no_op_that_may_count_an_attempt(store: Store) -> None:
     """Moving to the current state succeeds; count_attempt still counts it."""
     doc = _doc("Same state twice.")
