@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -41,21 +42,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pydantic import BaseModel
+
 from ai_pipeline.claims import DEFAULT_LEASE_SECONDS, DEFAULT_WAIT_SECONDS, Claims
+from ai_pipeline.declaration import (
+    DEFAULT_MIN_CONFIDENCE,
+    DEFAULT_SECTION_CHARS,
+    CheckOutcome,
+    Evaluation,
+    Section,
+)
 from ai_pipeline.failures import Category, ClassifiedError
-from ai_pipeline.llm import LLMClient, LLMReply, RunStopped
+from ai_pipeline.llm import LLMClient, LLMReply, Messages, RunStopped
 from ai_pipeline.notify import Notifier
 from ai_pipeline.redaction import redact
 from ai_pipeline.retry import Log
 from ai_pipeline.review import resolve_if_approved, send_to_review
-from ai_pipeline.schema import (
-    DEFAULT_MIN_CONFIDENCE,
-    Analysis,
-    CheckOutcome,
-    Evaluation,
-    evaluate,
-)
-from ai_pipeline.sections import DEFAULT_SECTION_CHARS, Section, merge, split_sections
 from ai_pipeline.spend import count_tokens
 from ai_pipeline.states import IllegalTransition, State
 from ai_pipeline.store import Store
@@ -64,6 +66,7 @@ from ai_pipeline.store.rows import ResultRow, StoredDocument
 from ai_pipeline.tasks import (
     ANALYSE_STEP,
     NOTIFY_STEP,
+    REDUCE_STEP,
     SUBMITTED,
     TaskLog,
     document_of,
@@ -165,6 +168,8 @@ class Analyser:
         section_chars: int = DEFAULT_SECTION_CHARS,
     ):
         self.store = store
+        # What is asked and checked: the analysis whose results this store holds.
+        self.analysis = store.analysis
         self.llm = llm
         self.results = results
         self.log: Log = log or logging.getLogger("ai_pipeline")
@@ -180,7 +185,7 @@ class Analyser:
             llm.on_failure = self._record_attempt
 
     def task_for(self, document_id: str) -> str:
-        return task_id(document_id, ANALYSE_STEP, self.llm.prompt.version, self.llm.model)
+        return task_id(document_id, ANALYSE_STEP, self.analysis.tag(), self.llm.model)
 
     async def process(self, document_id: str, window: DocumentWindow | None = None) -> list[Event]:
         """All stage events for one document; failures are events, never exceptions. The work
@@ -378,12 +383,15 @@ class Analyser:
             )
         )
 
-        sections = split_sections(text, self.section_chars)
+        sections = self.analysis.cut(text, self.section_chars)
+        parts: list[dict[str, Any]] | None = None
         if len(sections) == 1:
-            reply, from_checkpoint = await self._call(doc, task, ANALYSE_STEP, text, log)
+            reply, from_checkpoint = await self._call(
+                doc, task, ANALYSE_STEP, self.analysis.messages(text), log
+            )
             verdict = self._evaluate(reply, text)
         else:
-            reply, from_checkpoint, verdict = await self._sectioned(doc, task, sections, log)
+            reply, from_checkpoint, verdict, parts = await self._sectioned(doc, task, sections, log)
         spent = self.store.spend.for_documents([document_id]).get(document_id)
         events.append(
             StageDone(
@@ -391,9 +399,10 @@ class Analyser:
                 "llm_analysis",
                 {
                     "task_id": task,
+                    "analysis": self.analysis.name,
                     "model": reply.model,
-                    "prompt_version": self.llm.prompt.version,
-                    # A re-analysis (new prompt version or model): the analysis it replaces.
+                    "prompt_version": self.analysis.tag(),
+                    # A re-analysis (new version or model): the analysis it replaces.
                     "replaces_task": doc.task_id
                     if doc.state == State.COMPLETED and doc.task_id not in (None, task)
                     else None,
@@ -411,14 +420,14 @@ class Analyser:
         )
         failed_check = verdict.failure
         override = self.store.reviews.override(task) if failed_check is not None else None
-        if failed_check is not None and override is not None and verdict.analysis is not None:
+        if failed_check is not None and override is not None and verdict.output is not None:
             # A reviewer accepted this stored output although a check failed.
             log.warning(
                 f"check {failed_check.name} failed but the output was accepted by "
                 f"{override.decided_by}: {override.note or ''}"
             )
             failed_check = None
-        if failed_check is not None or verdict.analysis is None:
+        if failed_check is not None or verdict.output is None:
             assert failed_check is not None and failed_check.category is not None
             if failed_check.category == Category.MODEL_HALLUCINATION:
                 # Kept for the audit, never used as a result.
@@ -426,31 +435,22 @@ class Analyser:
                     document_id, task, reply.content, failed_check.message
                 )
             raise _StageError("validated_analysis", failed_check.category, failed_check.message)
-        analysis = verdict.analysis
+        output = verdict.output.model_dump(mode="json")
         events.append(
-            StageDone(
-                document_id,
-                "validated_analysis",
-                {
-                    "task_id": task,
-                    "sentiment": analysis.sentiment,
-                    "confidence": analysis.confidence,
-                    "keywords": ", ".join(analysis.keywords),
-                    "summary": analysis.summary,
-                },
-            )
+            StageDone(document_id, "validated_analysis", {"task_id": task, **_shown(output)})
         )
         self.results.upsert(
             [
                 ResultRow(
                     document_id=document_id,
-                    **analysis.model_dump(),
+                    output=output,
                     task_id=task,
                     model=reply.model,
-                    prompt_version=self.llm.prompt.version,
+                    prompt_version=self.analysis.tag(),
                     sources=sources,
                     prompt_tokens=reply.prompt_tokens,
                     completion_tokens=reply.completion_tokens,
+                    sections=parts,
                 )
             ]
         )
@@ -462,7 +462,7 @@ class Analyser:
             )
         )
         if self.notifier is not None:
-            await self._notify(document_id, analysis.model_dump(), task, sources, events)
+            await self._notify(document_id, output, task, sources, events)
         else:
             # Reported as done-without-sending so that a run with failures does not show every
             # document's notice as failed; the metadata says why nothing was sent.
@@ -475,7 +475,7 @@ class Analyser:
             )
 
     async def _call(
-        self, doc: StoredDocument, task: str, step: str, text: str, log: TaskLog
+        self, doc: StoredDocument, task: str, step: str, messages: Messages, log: TaskLog
     ) -> tuple[LLMReply, bool]:
         """One LLM call behind its checkpoint: the stored answer when there is one (and whether
         it was), else the call, made durable before anything else is done with it."""
@@ -486,9 +486,11 @@ class Analyser:
         submitted = doc.source.startswith(SUBMITTED)
         if submitted and self.store.documents.cancel_requested(doc.document_id):
             raise _Cancelled()
-        log.info(f"calling {self.llm.model} (prompt {self.llm.prompt.version}) for {task}")
+        log.info(
+            f"calling {self.llm.model} ({self.analysis.name} {self.analysis.version}) for {task}"
+        )
         try:
-            reply = await self.llm.analyse(task, text, log=log)
+            reply = await self.llm.analyse(task, messages, log=log)
         except ClassifiedError as e:
             raise _StageError("llm_analysis", e.category, e.message, task) from e
         # A crash after this line never pays for the same call again.
@@ -501,28 +503,33 @@ class Analyser:
             raise _Cancelled()
         return reply, False
 
-    def _evaluate(self, reply: LLMReply, text: str) -> Evaluation:
-        return evaluate(
+    def _evaluate(self, reply: LLMReply, text: str, *, reduce: bool = False) -> Evaluation:
+        return self.analysis.evaluate(
             reply.content,
             text,
             finish_reason=reply.finish_reason,
             min_confidence=self.min_confidence,
+            reduce=reduce,
         )
 
     async def _sectioned(
         self, doc: StoredDocument, task: str, sections: list[Section], log: TaskLog
-    ) -> tuple[LLMReply, bool, Evaluation]:
+    ) -> tuple[LLMReply, bool, Evaluation, list[dict[str, Any]]]:
         """A long document's sections analysed concurrently (within the run's LLM limit), each
         behind its own checkpoint; a section whose reply fails a check fails the document under
         that section's task id (a reviewer's retry then calls that section alone again). The
-        sections' analyses merge into the document's reply, checked against the whole text."""
+        sections' outputs are then reduced as the analysis declares: merged by its function and
+        checked against the whole text, or read by one more call (its own task and checkpoint)
+        whose reply is checked as the document's."""
         total = len(sections)
         self.store.documents.set_sections(doc.document_id, total)
+        tag = self.analysis.tag(reduce=False)
 
         async def one(section: Section) -> tuple[str, LLMReply, bool, Evaluation]:
             step = section_step(section.index)
-            section_task = task_id(doc.document_id, step, self.llm.prompt.version, self.llm.model)
-            reply, cached = await self._call(doc, section_task, step, section.text, log)
+            section_task = task_id(doc.document_id, step, tag, self.llm.model)
+            messages = self.analysis.messages(section.text)
+            reply, cached = await self._call(doc, section_task, step, messages, log)
             return section_task, reply, cached, self._evaluate(reply, section.text)
 
         # Every section runs to its end (and its checkpoint) before a failure is raised.
@@ -531,13 +538,13 @@ class Analyser:
             if isinstance(outcome, BaseException):
                 raise outcome
         done = [o for o in outcomes if not isinstance(o, BaseException)]
-        parts: list[tuple[Section, Analysis]] = []
+        parts: list[tuple[Section, BaseModel]] = []
         for section, (section_task, reply, _, verdict) in zip(sections, done, strict=True):
             failed = verdict.failure
             # A reviewer may have accepted this section's stored output although a check failed.
             accepted = (
                 failed is not None
-                and verdict.analysis is not None
+                and verdict.output is not None
                 and self.store.reviews.override(section_task) is not None
             )
             if failed is not None and not accepted:
@@ -546,36 +553,45 @@ class Analyser:
                     self.store.reviews.quarantine(
                         doc.document_id, section_task, reply.content, failed.message
                     )
-                where = f"section {section.index}/{total} ({section.title})"
+                label = self.analysis.sections.label if self.analysis.sections else "section"
+                where = f"{label} {section.index}/{total} ({section.title})"
                 # The document's analysis does not exist: it fails at llm_analysis.
                 raise _StageError(
                     "llm_analysis", failed.category, f"{where}: {failed.message}", section_task
                 )
-            assert verdict.analysis is not None
-            parts.append((section, verdict.analysis))
+            assert verdict.output is not None
+            parts.append((section, verdict.output))
         replies = [r for _, r, _, _ in done]
-        merged = LLMReply(
-            content=merge(parts).model_dump_json(),
-            finish_reason="stop",
-            model=replies[0].model,
-            prompt_tokens=sum(r.prompt_tokens or 0 for r in replies),
-            completion_tokens=sum(r.completion_tokens or 0 for r in replies),
-            latency_ms=sum(r.latency_ms or 0 for r in replies),
-        )
-        log.info(f"{total} sections analysed and merged")
         cached = all(c for _, _, c, _ in done)
-        return merged, cached, self._evaluate(merged, doc.text or "")
+        stored = [
+            {"index": s.index, "title": s.title, "output": o.model_dump(mode="json")}
+            for s, o in parts
+        ]
+        reduce = self.analysis.reduce
+        assert reduce is not None
+        if reduce.merge is not None:
+            reply = _sum_of(replies, content=reduce.merge(parts).model_dump_json())
+            log.info(f"{total} sections analysed and merged")
+            return reply, cached, self._evaluate(reply, doc.text or ""), stored
+        reduce_task = task_id(doc.document_id, REDUCE_STEP, self.analysis.tag(), self.llm.model)
+        text = json.dumps(stored, ensure_ascii=False, indent=1)
+        messages = self.analysis.messages(text, instructions=reduce.instructions)
+        reduced, reduce_cached = await self._call(doc, reduce_task, REDUCE_STEP, messages, log)
+        log.info(f"{total} sections analysed and reduced")
+        reply = _sum_of([*replies, reduced], content=reduced.content)
+        verdict = self._evaluate(reduced, doc.text or "", reduce=True)
+        return reply, cached and reduce_cached, verdict, stored
 
     async def _notify(
         self,
         document_id: str,
-        analysis: dict[str, Any],
+        output: dict[str, Any],
         analysis_task: str,
         sources: list[str],
         events: list[Event],
     ) -> None:
         assert self.notifier is not None
-        notice_task = task_id(document_id, NOTIFY_STEP, self.llm.prompt.version, self.llm.model)
+        notice_task = task_id(document_id, NOTIFY_STEP, self.analysis.tag(), self.llm.model)
         log = TaskLog(self.log, notice_task)
         payload = self.store.checkpoints.get(notice_task)
         if payload is None:
@@ -584,9 +600,8 @@ class Analyser:
                 "task_id": notice_task,
                 "analysis_task_id": analysis_task,
                 "sources": sources,
-                "summary": analysis["summary"],
-                "sentiment": analysis["sentiment"],
-                "keywords": analysis["keywords"],
+                "analysis": self.analysis.name,
+                "output": output,
             }
             try:
                 delivery = await self.notifier.send(notice_task, notice, log)
@@ -609,6 +624,34 @@ class Analyser:
                 },
             )
         )
+
+
+def _sum_of(replies: list[LLMReply], *, content: str) -> LLMReply:
+    """One reply standing for several calls: their tokens and time added up."""
+    return LLMReply(
+        content=content,
+        finish_reason="stop",
+        model=replies[0].model,
+        prompt_tokens=sum(r.prompt_tokens or 0 for r in replies),
+        completion_tokens=sum(r.completion_tokens or 0 for r in replies),
+        latency_ms=sum(r.latency_ms or 0 for r in replies),
+    )
+
+
+def _shown(output: dict[str, Any]) -> dict[str, Any]:
+    """An output's top-level values as a person reads them in the UI: numbers and short text as
+    they are, lists of text joined, anything else as JSON."""
+    shown: dict[str, Any] = {}
+    for name, value in output.items():
+        if isinstance(value, bool | int | float) or value is None:
+            shown[name] = value
+        elif isinstance(value, str):
+            shown[name] = value[:500]
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            shown[name] = ", ".join(value)[:500]
+        else:
+            shown[name] = json.dumps(value, ensure_ascii=False)[:500]
+    return shown
 
 
 def requeue(store: Store, document_id: str, *, by: str) -> bool:

@@ -32,7 +32,6 @@ from typing import Any, Protocol
 from opentelemetry import trace
 
 from ai_pipeline.failures import Category, ClassifiedError, category_for_status
-from ai_pipeline.prompts import Prompt, current_analysis
 from ai_pipeline.redaction import redact, register_secret
 from ai_pipeline.retry import AttemptFailure, Log, NullLog, Retrier, RetryHook, parse_retry_after
 from ai_pipeline.tracing import mark_failed, span
@@ -61,6 +60,8 @@ class Meter(Protocol):
 
 
 MAX_NETWORK_PROBES = 3
+# The chat messages of one call, as the analysis's declaration writes them.
+Messages = Sequence[Mapping[str, str]]
 
 
 @dataclass(frozen=True)
@@ -249,7 +250,6 @@ class LLMClient:
         timeout_seconds: float = 60.0,
         max_concurrency: int = 8,
         requests_per_minute: int | None = None,
-        prompt: Prompt | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         on_failure: RetryHook | None = None,
@@ -257,7 +257,6 @@ class LLMClient:
     ):
         self.model = model
         self.meter = meter
-        self.prompt = prompt or current_analysis()
         self.credentials = api_key if isinstance(api_key, Credentials) else Credentials(api_key)
         self.on_failure = on_failure
         self._retrier = Retrier(sleep=sleep, clock=clock)
@@ -298,8 +297,10 @@ class LLMClient:
         if self.stopping:
             raise RunStopped(f"not sent: the run is stopping ({task_id})")
 
-    async def analyse(self, task_id: str, text: str, *, log: Log | None = None) -> LLMReply:
-        """One analysis under the retry policy; raises ClassifiedError when it cannot be had."""
+    async def analyse(
+        self, task_id: str, messages: Messages, *, log: Log | None = None
+    ) -> LLMReply:
+        """One call under the retry policy; raises ClassifiedError when it cannot be had."""
         log = log or NullLog()
         self._fail_fast_if_open()
         if not self._proven:
@@ -309,7 +310,7 @@ class LLMClient:
                 self._fail_fast_if_open()
                 if not self._proven:
                     try:
-                        reply = await self._with_policy(task_id, text, log)
+                        reply = await self._with_policy(task_id, messages, log)
                     except ClassifiedError as e:
                         # Only an answer proves the credentials: after a network failure the next
                         # call probes again, but not forever — an endpoint that stays unreachable
@@ -324,7 +325,7 @@ class LLMClient:
                         raise
                     self._proven = True
                     return reply
-        return await self._with_policy(task_id, text, log)
+        return await self._with_policy(task_id, messages, log)
 
     def _fail_fast_if_open(self) -> None:
         if self._circuit is not None:
@@ -333,7 +334,7 @@ class LLMClient:
                 f"not sent: the circuit is open after {self._circuit.message}",
             )
 
-    async def _with_policy(self, task_id: str, text: str, log: Log) -> LLMReply:
+    async def _with_policy(self, task_id: str, messages: Messages, log: Log) -> LLMReply:
         refreshed = False
         generation = self.credentials.generation
 
@@ -343,7 +344,7 @@ class LLMClient:
             nonlocal generation, attempt
             generation = self.credentials.generation
             attempt += 1
-            return await self._send(task_id, text, attempt)
+            return await self._send(task_id, messages, attempt)
 
         async def recover(failure: AttemptFailure, attempt: int) -> AttemptFailure | None:
             """After a 401/403: refresh the credentials once and resubmit, else open the circuit."""
@@ -376,14 +377,14 @@ class LLMClient:
             task_id, send, attempt_failure, log=log, on_retry=self.on_failure, recover=recover
         )
 
-    async def _send(self, task_id: str, text: str, attempt: int = 1) -> LLMReply:
+    async def _send(self, task_id: str, messages: Messages, attempt: int = 1) -> LLMReply:
         with span("llm.attempt", task_id=task_id, **{"llm.model": self.model, "attempt": attempt}):
-            return await self._attempt(task_id, text)
+            return await self._attempt(task_id, messages)
 
-    async def _attempt(self, task_id: str, text: str) -> LLMReply:
+    async def _attempt(self, task_id: str, messages: Messages) -> LLMReply:
         current = trace.get_current_span()
         try:
-            reply = await self._request(task_id, text)
+            reply = await self._request(task_id, messages)
         except BaseException as e:
             if isinstance(e, Exception):
                 mark_failed(current, classify(e), describe(e))
@@ -392,10 +393,9 @@ class LLMClient:
         current.set_attribute("llm.completion_tokens", reply.completion_tokens or 0)
         return reply
 
-    async def _request(self, task_id: str, text: str) -> LLMReply:
+    async def _request(self, task_id: str, messages: Messages) -> LLMReply:
         self._refuse_if_stopping(task_id)
         await self._limiter.acquire()
-        messages = self.prompt.messages(text)
         async with self._semaphore:
             self._refuse_if_stopping(task_id)
             # In flight from here until the reply is handed back: a run that stops meanwhile lets

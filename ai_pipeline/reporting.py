@@ -18,11 +18,10 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ai_pipeline.prompts import current_analysis
 from ai_pipeline.settings import Settings
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
-from ai_pipeline.store.rows import DocumentRow
+from ai_pipeline.store.rows import DocumentRow, ResultRow
 from ai_pipeline.tasks import ANALYSE_STEP, task_suffix
 
 if TYPE_CHECKING:
@@ -50,7 +49,8 @@ def status_report(
     sources = store.documents.sources(ids)
     results = {r.document_id: r for r in store.results.get(ids)}
     current = current_task_suffix()
-    rows = [_status_row(d, sources, results.get(d.document_id), current) for d in docs]
+    headline = store.analysis.summary_field
+    rows = [_status_row(d, sources, results.get(d.document_id), current, headline) for d in docs]
     if document_ids is not None:
         by_state = dict(sorted(Counter(r["state"] for r in rows).items()))
         by_category = dict(
@@ -90,7 +90,8 @@ def status_report(
 def current_versions(settings: Settings | None = None) -> tuple[str, str]:
     """The prompt version and model new analyses are made under; results made under others
     are stale (``backfill --stale`` makes them again)."""
-    return current_analysis().version, (settings or Settings.load()).model
+    settings = settings or Settings.load()
+    return settings.declaration.tag(), settings.analysis_model
 
 
 def current_task_suffix(settings: Settings | None = None) -> str:
@@ -100,7 +101,11 @@ def current_task_suffix(settings: Settings | None = None) -> str:
 
 
 def _status_row(
-    d: DocumentRow, sources: dict[str, list[str]], result: Any, current: str
+    d: DocumentRow,
+    sources: dict[str, list[str]],
+    result: ResultRow | None,
+    current: str,
+    headline: str | None,
 ) -> dict[str, Any]:
     return {
         "document_id": d.document_id,
@@ -113,9 +118,10 @@ def _status_row(
         "error": d.last_error if d.state != State.COMPLETED else None,
         "status_message": d.status_message,
         "rejected_by_reviewer": d.rejected_by_reviewer,
-        "summary": result.summary if result else None,
-        "sentiment": result.sentiment if result else None,
-        "stale": bool(result) and result.task_id != d.document_id + current,
+        # The analysis's short text (its summary field), and its whole output.
+        "summary": result.output.get(headline) if result and headline else None,
+        "output": result.output if result else None,
+        "stale": result is not None and result.task_id != d.document_id + current,
         "updated_at": d.updated_at.isoformat(),
     }
 
@@ -143,7 +149,7 @@ def build_report(
         [{"at": e.at, "category": e.category.value} for e in store.events.failures()]
     )
     if results is None:
-        results = pd.DataFrame([r.as_dict() for r in store.results.get()])
+        results = pd.DataFrame([r.as_record() for r in store.results.get()])
     total = len(docs)
     by_state = docs["state"].value_counts().sort_index().to_dict() if total else {}
     failed = docs[docs["state"] != "COMPLETED"] if total else docs

@@ -15,9 +15,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from ai_pipeline import analyses
+from ai_pipeline.declaration import DEFAULT_MIN_CONFIDENCE, Declaration, DeclarationError
 from ai_pipeline.documents import DEFAULT_MAX_DOCUMENT_BYTES
 from ai_pipeline.errors import InputError
-from ai_pipeline.schema import DEFAULT_MIN_CONFIDENCE
 
 RESULTS_DATABASE_FILE = "ai_pipeline.sqlite"
 
@@ -44,7 +45,14 @@ SETTINGS: dict[str, Setting] = {
     "base_url": Setting(
         "OPENAI_BASE_URL", None, "OpenAI-compatible endpoint; default: the OpenAI API"
     ),
-    "model": Setting("AI_PIPELINE_MODEL", "gpt-4o-mini", "model name sent with every call"),
+    "analysis": Setting(
+        "AI_PIPELINE_ANALYSIS",
+        analyses.DEFAULT.name,
+        "the analysis runs make: a built-in's name or a Declaration's import path (pkg.mod:NAME)",
+    ),
+    "model": Setting(
+        "AI_PIPELINE_MODEL", "gpt-4o-mini", "model sent with every call the analysis leaves open"
+    ),
     "llm_concurrency": Setting(
         "AI_PIPELINE_LLM_CONCURRENCY", 8, "LLM calls in flight at once within one run"
     ),
@@ -160,6 +168,7 @@ class Settings:
     inbox: str | None
     database_url: str
     base_url: str | None
+    analysis: str
     model: str
     llm_concurrency: int
     llm_timeout_seconds: float
@@ -208,7 +217,21 @@ class Settings:
         settings.validate()
         return settings
 
+    @property
+    def declaration(self) -> Declaration:
+        """The analysis these settings name (checked when they are loaded)."""
+        return analyses.resolve(self.analysis)
+
+    @property
+    def analysis_model(self) -> str:
+        """The model the analysis's calls are sent to: its own, else the setting's."""
+        return self.declaration.model.name or self.model
+
     def validate(self) -> None:
+        try:
+            self.declaration  # noqa: B018 - resolved now: a wrong name stops here, once
+        except DeclarationError as e:
+            raise SettingsError(f"AI_PIPELINE_ANALYSIS: {e}") from None
         for name in _AT_LEAST_ONE:
             value = getattr(self, name)
             if value < 1:

@@ -13,6 +13,9 @@ from ai_pipeline.redaction import redact
 from ai_pipeline.retry import Log
 
 ANALYSE_STEP = "analyse"
+# The call that reduces a sectioned document's outputs to the document's, when the analysis
+# declares one.
+REDUCE_STEP = "reduce"
 NOTIFY_STEP = "notify"
 # The source of a document submitted over HTTP (``api:<tenant>/<name>``): only such a document can
 # be cancelled while a run holds it.

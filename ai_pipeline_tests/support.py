@@ -20,11 +20,11 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from ai_pipeline.analyses import DOCUMENT_ANALYSIS
 from ai_pipeline.defs.jobs import RANGE_END_TAG, RANGE_START_TAG
 from ai_pipeline.defs.launch import Launcher
 from ai_pipeline.defs.partitions import documents_partitions
 from ai_pipeline.documents import content_id, normalise_text
-from ai_pipeline.prompts import ANALYSIS
 from ai_pipeline.rehearsal.faults import SimulatorConfig
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.settings import Settings
@@ -77,7 +77,7 @@ def rejected_id(path: Path, data: bytes | None = None) -> str:
 
 def task_of(document_id: str) -> str:
     """The analysis task id of a document under the test model and the current prompt."""
-    return task_id(document_id, ANALYSE_STEP, ANALYSIS.version, TEST_MODEL)
+    return task_id(document_id, ANALYSE_STEP, DOCUMENT_ANALYSIS.version, TEST_MODEL)
 
 
 # --- the pipeline --------------------------------------------------------------------------------
@@ -270,9 +270,18 @@ class RecordingLog:
 
 def notice_key(document_id: str) -> str:
     """The Idempotency-Key of a document's completion notice: its notice task id."""
-    return task_id(document_id, NOTIFY_STEP, ANALYSIS.version, TEST_MODEL)
+    return task_id(document_id, NOTIFY_STEP, DOCUMENT_ANALYSIS.version, TEST_MODEL)
 
 
 def by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The documents of a status report (``status --json``, a run's outcome) by id."""
     return {d["document_id"]: d for d in report["documents"]}
+
+
+def new_release(monkeypatch: pytest.MonkeyPatch, **changes: Any) -> None:
+    """A new release of the built-in analysis in this process (e.g. ``version="v2"``): task ids
+    built after follow it."""
+    from ai_pipeline import analyses
+
+    released = DOCUMENT_ANALYSIS.model_copy(update=changes)
+    monkeypatch.setitem(analyses.BUILTINS, DOCUMENT_ANALYSIS.name, released)

@@ -83,8 +83,8 @@ def test_every_command_is_in_the_help_test() -> None:
 def test_demo_twice(dagster_home: Path) -> None:
     """The demo completes every sample with one row each, one LLM call per section (a sample
     over the section budget is analysed in sections); a second demo makes no LLM call."""
+    from ai_pipeline.declaration import DEFAULT_SECTION_CHARS, split_sections
     from ai_pipeline.documents import read_document
-    from ai_pipeline.sections import DEFAULT_SECTION_CHARS, split_sections
 
     samples = sorted(p for p in (EXAMPLES / "inbox").iterdir() if not p.name.startswith("."))
     sections = [len(split_sections(read_document(p).text, DEFAULT_SECTION_CHARS)) for p in samples]

@@ -14,6 +14,7 @@ import httpx2
 import openai
 import pytest
 
+from ai_pipeline.analyses import DOCUMENT_ANALYSIS
 from ai_pipeline.failures import Category, ClassifiedError
 from ai_pipeline.llm import (
     Credentials,
@@ -51,6 +52,7 @@ def task_id(label: str) -> str:
 
 
 TEXT = sample_text(7)
+MESSAGES = DOCUMENT_ANALYSIS.messages(TEXT)
 
 
 def make_client(
@@ -92,7 +94,7 @@ def analyse_once(
 ) -> LLMReply:
     return run_with(
         lambda: make_client(server, fake, api_key, **kw),
-        lambda client: client.analyse(tid, TEXT, log=log),
+        lambda client: client.analyse(tid, MESSAGES, log=log),
     )
 
 
@@ -227,7 +229,7 @@ def test_input_quality_statuses_are_not_retried(simulator: SimulatorServer, stat
         return client_box[0]
 
     with pytest.raises(ClassifiedError) as info:
-        run_with(factory, lambda client: client.analyse(tid, TEXT, log=log))
+        run_with(factory, lambda client: client.analyse(tid, MESSAGES, log=log))
     assert info.value.category == Category.INPUT_QUALITY_ISSUE
     assert simulator.requests_for(tid) == 1
     assert fake.sleeps == []
@@ -322,23 +324,23 @@ def test_the_rate_limit_wait_is_per_task_and_per_rolling_minute(
 
     async def body(client: LLMClient) -> None:
         simulator.set_faults(fault(tid))
-        await client.analyse(tid, TEXT)
+        await client.analyse(tid, MESSAGES)
         assert fake.sleeps == [2.0]
 
         fake.now += 10
         simulator.set_faults(fault(tid))
         with pytest.raises(ClassifiedError) as info:
-            await client.analyse(tid, TEXT)
+            await client.analyse(tid, MESSAGES)
         assert info.value.category == Category.RATE_LIMIT_EXCEEDED
         assert fake.sleeps == [2.0]
 
         simulator.set_faults(fault(other))
-        await client.analyse(other, TEXT)
+        await client.analyse(other, MESSAGES)
         assert fake.sleeps == [2.0, 2.0]
 
         fake.now += 61
         simulator.set_faults(fault(tid))
-        await client.analyse(tid, TEXT)
+        await client.analyse(tid, MESSAGES)
         assert fake.sleeps == [2.0, 2.0, 2.0]
 
     run_with(lambda: make_client(simulator, fake), body)
@@ -352,7 +354,7 @@ def test_requests_per_minute_limit_delays_the_third_call(simulator: SimulatorSer
     tids = [task_id(f"rpm{i}") for i in range(3)]
 
     async def body(client: LLMClient) -> list[LLMReply]:
-        return list(await asyncio.gather(*(client.analyse(t, TEXT) for t in tids)))
+        return list(await asyncio.gather(*(client.analyse(t, MESSAGES) for t in tids)))
 
     replies = run_with(lambda: make_client(simulator, fake, requests_per_minute=2), body)
     for reply in replies:
@@ -397,7 +399,7 @@ def test_an_expired_key_is_refreshed_and_resubmitted(
         client_box.append(make_client(simulator, fake, creds))
         return client_box[0]
 
-    reply = run_with(factory, lambda client: client.analyse(tid, TEXT, log=log))
+    reply = run_with(factory, lambda client: client.analyse(tid, MESSAGES, log=log))
     assert_valid_reply(reply)
     recs = records(simulator, tid)
     assert simulator.stats()["total"] == 2
@@ -426,7 +428,7 @@ def test_a_403_is_refreshed_and_resubmitted(
 
 async def _gather_analyses(client: LLMClient, tids: list[str]) -> list[Any]:
     return list(
-        await asyncio.gather(*(client.analyse(t, TEXT) for t in tids), return_exceptions=True)
+        await asyncio.gather(*(client.analyse(t, MESSAGES) for t in tids), return_exceptions=True)
     )
 
 
@@ -472,9 +474,9 @@ def test_an_open_circuit_fails_later_calls_without_a_request(
 
     async def body(client: LLMClient) -> tuple[ClassifiedError, ClassifiedError, bool]:
         with pytest.raises(ClassifiedError) as one:
-            await client.analyse(first, TEXT, log=log)
+            await client.analyse(first, MESSAGES, log=log)
         with pytest.raises(ClassifiedError) as two:
-            await client.analyse(later, TEXT, log=log)
+            await client.analyse(later, MESSAGES, log=log)
         return one.value, two.value, client.circuit_open
 
     one, two, circuit_open = run_with(lambda: make_client(simulator, fake, creds), body)
@@ -500,7 +502,7 @@ def test_bad_credentials_cost_two_requests_even_after_a_network_failure(
 
     async def body(client: LLMClient) -> list[Any]:
         with pytest.raises(ClassifiedError) as info:
-            await client.analyse(lost, TEXT)
+            await client.analyse(lost, MESSAGES)
         assert info.value.category == Category.NETWORK_TIMEOUT
         # From here on the endpoint refuses the key: the first call never learnt whether it was
         # good, because no request of it got through.
@@ -536,7 +538,7 @@ def test_auth_failures_never_show_the_key(
         out: list[Any] = []
         for t in tids:
             try:
-                out.append(await client.analyse(t, TEXT, log=log))
+                out.append(await client.analyse(t, MESSAGES, log=log))
             except ClassifiedError as e:
                 out.append(e)
         return out
@@ -594,8 +596,10 @@ def test_the_call_waiting_for_a_slot_goes_out_before_the_last_replys_bookkeeping
     meter = OrderedMeter()
 
     async def both(client: LLMClient) -> list[LLMReply]:
-        await client.analyse("probe", TEXT)  # until one call has gone through, calls go alone
-        return list(await asyncio.gather(client.analyse("a", TEXT), client.analyse("b", TEXT)))
+        await client.analyse("probe", MESSAGES)  # until one call has gone through, calls go alone
+        return list(
+            await asyncio.gather(client.analyse("a", MESSAGES), client.analyse("b", MESSAGES))
+        )
 
     replies = run_with(
         lambda: make_client(simulator, fake, max_concurrency=1, meter=meter),  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""Unit tests of ai_pipeline.schema: the four checks every LLM reply goes through."""
+"""The four checks every reply of the built-in analysis goes through (``Declaration.evaluate``)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,14 @@ from typing import Any
 
 import pytest
 
+from ai_pipeline.analyses import DOCUMENT_ANALYSIS
+from ai_pipeline.analyses.document_analysis import DocumentAnalysis as Analysis
+from ai_pipeline.declaration import DEFAULT_MIN_CONFIDENCE, Evaluation
+from ai_pipeline.declaration.checks import find_refusal, fold, refusal_phrases
 from ai_pipeline.failures import Category
-from ai_pipeline.schema import (
-    CHECK_NAMES,
-    DEFAULT_MIN_CONFIDENCE,
-    Analysis,
-    Evaluation,
-    evaluate,
-    find_refusal,
-    fold,
-    refusal_phrases,
-)
+
+CHECK_NAMES = DOCUMENT_ANALYSIS.check_names
+evaluate = DOCUMENT_ANALYSIS.evaluate
 
 SOURCE = (
     "Service agreement between ＡＣＭＥ Logistics B.V. and Northwind Traders, signed in "
@@ -48,7 +45,7 @@ def _outcomes(ev: Evaluation) -> list[tuple[str, bool]]:
 def _assert_schema_violation(ev: Evaluation, fragment: str) -> None:
     assert _outcomes(ev) == [("refusal", True), ("schema", False)]
     assert not ev.passed
-    assert ev.analysis is None
+    assert ev.output is None
     failure = ev.failure
     assert failure is not None and failure.name == "schema"
     assert failure.category is Category.SCHEMA_VIOLATION
@@ -61,7 +58,7 @@ def test_valid_reply_passes_all_four_checks() -> None:
     assert [o.name for o in ev.outcomes] == list(CHECK_NAMES)
     assert all(o.passed and o.category is None for o in ev.outcomes)
     assert ev.passed and ev.failure is None
-    assert ev.analysis == Analysis(**_analysis())
+    assert ev.output == Analysis(**_analysis())
     assert ev.outcomes[3].message == "all 3 entities in the document"
 
 
@@ -91,7 +88,7 @@ def test_integer_confidence_is_accepted() -> None:
     """A JSON integer such as 1 is a valid confidence number."""
     ev = evaluate(_reply(confidence=1), SOURCE)
     assert ev.passed
-    assert ev.analysis is not None and ev.analysis.confidence == 1.0
+    assert ev.output is not None and ev.output.confidence == 1.0
 
 
 def test_truncated_reply_with_finish_reason_length_is_a_schema_violation() -> None:
@@ -152,7 +149,7 @@ def test_low_confidence_fails_with_low_confidence() -> None:
     ]
     assert ev.failure is not None and ev.failure.category is Category.LOW_CONFIDENCE
     assert ev.failure.message == "confidence 0.50 is below 0.75"
-    assert ev.analysis is not None and ev.analysis.confidence == 0.5
+    assert ev.output is not None and ev.output.confidence == 0.5
 
 
 def test_confidence_threshold_is_inclusive_and_configurable() -> None:
@@ -213,7 +210,7 @@ def test_refusal_replies_are_model_refusal(reply: str, phrase: str) -> None:
     assert _outcomes(ev) == [("refusal", False)]
     assert ev.failure is not None and ev.failure.category is Category.MODEL_REFUSAL
     assert ev.failure.message == f"the reply refuses: {phrase!r}"
-    assert ev.analysis is None
+    assert ev.output is None
 
 
 def test_refusal_in_parsed_summary_is_a_refusal() -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ai_pipeline.schema import Analysis
-from ai_pipeline.sections import SUMMARY_CHARS, Section, merge, split_sections
+from ai_pipeline.analyses.document_analysis import SUMMARY_CHARS, merge
+from ai_pipeline.analyses.document_analysis import DocumentAnalysis as Analysis
+from ai_pipeline.declaration import Section, split_sections
 
 
 def clauses(n: int, words: int = 40) -> str:

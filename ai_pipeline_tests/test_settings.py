@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from ai_pipeline.declaration import DEFAULT_MIN_CONFIDENCE
 from ai_pipeline.documents import DEFAULT_MAX_DOCUMENT_BYTES
-from ai_pipeline.schema import DEFAULT_MIN_CONFIDENCE
 from ai_pipeline.settings import SETTINGS, Settings, SettingsError
 
 
@@ -26,6 +26,7 @@ def test_defaults_without_environment(monkeypatch: pytest.MonkeyPatch, tmp_path:
         inbox=None,
         database_url=f"sqlite:///{tmp_path.resolve() / 'ai_pipeline.sqlite'}",
         base_url=None,
+        analysis="document_analysis",
         model="gpt-4o-mini",
         llm_concurrency=8,
         llm_timeout_seconds=60.0,

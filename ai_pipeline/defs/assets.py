@@ -36,8 +36,8 @@ from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsSto
 from ai_pipeline.engine import STAGES, Analyser, StageDeferred, StageDone, StageFailed
 from ai_pipeline.intake import BATCH_TAG
 from ai_pipeline.notify import Notifier
-from ai_pipeline.prompts import current_analysis
 from ai_pipeline.reporting import build_report, chart_png, to_markdown
+from ai_pipeline.settings import Settings
 from ai_pipeline.spend import Meter, Prices, run_budgets
 
 DOCUMENT_TEXT, LLM_ANALYSIS, VALIDATED_ANALYSIS, ANALYSIS_RESULTS, COMPLETION_NOTICE = (
@@ -66,6 +66,8 @@ _DESCRIPTIONS = {
 
 
 def _specs() -> list[dg.AssetSpec]:
+    # What the analysis depends on: a new version (or declaration) is new code for these stages.
+    version = Settings.load().declaration.tag()
     specs = []
     for i, stage in enumerate(STAGES):
         spec = dg.AssetSpec(
@@ -76,8 +78,7 @@ def _specs() -> list[dg.AssetSpec]:
             skippable=True,
             partitions_def=documents_partitions,
             kinds={"sql"} if stage == "analysis_results" else {"python"},
-            # What the analysis depends on: a new prompt version is new code for these.
-            code_version=None if stage == "document_text" else current_analysis().version,
+            code_version=None if stage == "document_text" else version,
         )
         if stage == "analysis_results":
             spec = spec.with_io_manager_key("results_io_manager")
@@ -146,7 +147,7 @@ def analyse_documents(
     )
     context.log.info(
         f"analysing {len(document_ids)} documents with {analyser.llm.model} "
-        f"(prompt {analyser.llm.prompt.version})"
+        f"({analyser.analysis.name} {analyser.analysis.tag()})"
     )
     failed: dict[str, StageFailed] = {}
     elsewhere: dict[str, StageDeferred] = {}

@@ -1,8 +1,9 @@
 """The asset checks on every LLM reply, per document: refusal, schema, confidence, grounding.
 
-They are evaluated by the analysis step itself (``ai_pipeline.schema.evaluate``, inside the range
-run) and reported here as one ``AssetCheckEvaluation`` per document and check, each targeting that
-document's ``llm_analysis`` materialization (DESIGN.md, decision 3).
+They are evaluated by the analysis step itself (``Declaration.evaluate``, inside the range run)
+and reported here as one ``AssetCheckEvaluation`` per document and check, each targeting that
+document's ``llm_analysis`` materialization: a range step cannot return one output per document,
+so the evaluations carry the partition themselves.
 """
 
 from __future__ import annotations
@@ -13,17 +14,19 @@ from typing import Any
 
 import dagster as dg
 
+from ai_pipeline.declaration import CheckOutcome
 from ai_pipeline.defs.dagster_private import AssetCheckEvaluationTargetMaterializationData
 from ai_pipeline.defs.partitions import documents_partitions
-from ai_pipeline.schema import CHECK_NAMES, CheckOutcome
+
+CHECK_NAMES = ("refusal", "schema", "confidence", "grounding")
 
 CHECKED_ASSET = dg.AssetKey("llm_analysis")
 
 _DESCRIPTIONS = {
     "refusal": "The reply is not a refusal (phrase library in Chinese and English).",
-    "schema": "The reply is exactly the JSON the prompt asks for, not truncated.",
+    "schema": "The reply is exactly the JSON of the analysis's output model, not truncated.",
     "confidence": "The model's confidence is at or above the threshold (0.75 by default).",
-    "grounding": "Every entity the model names occurs in the document.",
+    "grounding": "Every value of the fields declared grounded occurs in the document.",
 }
 
 with warnings.catch_warnings():

@@ -1,15 +1,14 @@
 """The results IO manager: one upserted row per document, loaded back as a pandas DataFrame.
 
-It owns the writes to the results table (DESIGN.md, decision 5). A range step cannot hand Dagster
-one ``Output`` per document, so the analysis step writes each validated document through
-``upsert`` — the same code path ``handle_output`` uses — and downstream assets (the failure report)
-read the rows through ``load_input``.
+It owns the writes to the results table. A range step cannot hand Dagster one ``Output`` per
+document, so the analysis step writes each validated document through ``upsert`` — the same code
+path ``handle_output`` uses — and downstream assets (the failure report) read the rows through
+``load_input``, one column per field of the analysis's output.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
@@ -19,9 +18,6 @@ from ai_pipeline.store.rows import ResultRow
 
 if TYPE_CHECKING:
     import pandas as pd
-
-_COLUMNS = [f.name for f in fields(ResultRow)]
-_ROW_FIELDS = set(_COLUMNS)
 
 
 class ResultsIOManager(dg.ConfigurableIOManager):
@@ -37,11 +33,9 @@ class ResultsIOManager(dg.ConfigurableIOManager):
         if obj is None:
             return
         records = obj.to_dict("records") if hasattr(obj, "to_dict") else list(obj)
+        fields = self.results_store.get().results.fields
         rows = [
-            r
-            if isinstance(r, ResultRow)
-            else ResultRow(**{k: v for k, v in r.items() if k in _ROW_FIELDS})
-            for r in records
+            r if isinstance(r, ResultRow) else ResultRow.from_record(r, fields) for r in records
         ]
         context.add_output_metadata({"rows_upserted": self.upsert(rows)})
 
@@ -54,7 +48,9 @@ class ResultsIOManager(dg.ConfigurableIOManager):
                 dynamic_partitions_store=context.instance
             )
             wanted = None if set(keys) >= set(every) else keys
-        rows = self.results_store.get().results.get(wanted)
+        results = self.results_store.get().results
+        rows = results.get(wanted)
         import pandas as pd  # here, not at import: only the report reads rows back
 
-        return pd.DataFrame([r.as_dict() for r in rows], columns=_COLUMNS)
+        columns = [c.name for c in results.table.columns]
+        return pd.DataFrame([r.as_record() for r in rows], columns=columns)

@@ -85,7 +85,7 @@ class LLMResource(dg.ConfigurableResource):
             api_key=Credentials(
                 self.api_key, key_file=s.api_key_file, key_command=s.api_key_command
             ),
-            model=s.model,
+            model=s.analysis_model,
             timeout_seconds=s.llm_timeout_seconds,
             max_concurrency=s.llm_concurrency,
             requests_per_minute=s.llm_requests_per_minute or None,

@@ -23,7 +23,6 @@ from ai_pipeline.defs.schedules import NIGHTLY_TAG
 from ai_pipeline.documents import display_path
 from ai_pipeline.inbox import InboxCursor, scan_inbox
 from ai_pipeline.intake import batches, register_files
-from ai_pipeline.prompts import current_analysis
 from ai_pipeline.reconcile import reconcile
 from ai_pipeline.review import WEB_REVIEWER
 from ai_pipeline.states import State
@@ -98,7 +97,9 @@ def _inbox_tick(
     )
     for r in registered:
         if r.rejected_reason:
-            task = task_id(r.document_id, ANALYSE_STEP, current_analysis().version, config.model)
+            task = task_id(
+                r.document_id, ANALYSE_STEP, config.declaration.tag(), config.analysis_model
+            )
             context.log.warning(
                 f"[TASK:{task}] {r.source}: {r.rejected_reason} (it will fail as "
                 "INPUT_QUALITY_ISSUE)"

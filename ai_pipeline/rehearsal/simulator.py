@@ -46,7 +46,7 @@ from ai_pipeline.rehearsal.serving import (
 )
 
 # The markers a prompt puts around the document (any server may look for them; this one does, to
-# analyse the document rather than the instructions). ``ai_pipeline.prompts`` writes them.
+# analyse the document rather than the instructions). ``Declaration.messages`` writes them.
 DOCUMENT_START = "<<<DOCUMENT"
 DOCUMENT_END = "DOCUMENT>>>"
 HALLUCINATED_ENTITIES = ("Globex Corporation", "Dr. Nora Vance", "Initech Holdings", "Lars Vinter")

@@ -32,7 +32,6 @@ from ai_pipeline.documents import (
     kind_of,
     parse_document,
 )
-from ai_pipeline.prompts import current_analysis
 from ai_pipeline.service.estimate import Estimator
 from ai_pipeline.service.progress import TaskStatus, TaskView, view
 from ai_pipeline.service.review_page import build_review_router
@@ -192,7 +191,9 @@ def create_app(
         )
         # A PDF's text is not the original: keep its bytes for the review page's thumbnail.
         original = data if doc.kind == "pdf" else None
-        task = task_id(doc.document_id, ANALYSE_STEP, current_analysis().version, config.model)
+        task = task_id(
+            doc.document_id, ANALYSE_STEP, config.declaration.tag(), config.analysis_model
+        )
         row, created = await in_thread(
             lambda: store.tasks.submit(tenant.tenant_id, task, doc, name, original)
         )

@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ai_pipeline.sections import split_sections
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline.tasks import ANALYSE_STEP
@@ -53,7 +52,7 @@ class Estimator:
             return self._call_seconds
 
     def seconds(self, text: str) -> int:
-        calls = len(split_sections(text, self.section_chars))
+        calls = len(self.store.analysis.cut(text, self.section_chars))
         ahead = self.store.documents.count_in(AHEAD)
         waves = math.ceil((ahead + calls) / max(1, self.concurrency))
         return math.ceil(START_SECONDS + waves * self.call_seconds())

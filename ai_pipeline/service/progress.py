@@ -102,13 +102,11 @@ def view(store: Store, task: TenantTask) -> TaskView:
         if rows:
             row = rows[0]
             result = {
-                "keywords": row.keywords,
-                "summary": row.summary,
-                "sentiment": row.sentiment,
-                "entities": row.entities,
-                "confidence": row.confidence,
+                **row.output,
+                "analysis": store.analysis.name,
                 "model": row.model,
                 "prompt_version": row.prompt_version,
+                **({"sections": row.sections} if row.sections is not None else {}),
             }
         completed_at = doc.updated_at
     elif doc.state == State.RUNNING:

@@ -26,9 +26,11 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
+from ai_pipeline import analyses
+from ai_pipeline.declaration import Declaration
 from ai_pipeline.store.batches import Batches
 from ai_pipeline.store.checkpoints import Checkpoints
-from ai_pipeline.store.database import DEFAULT_RETRY_SECONDS, Database, normalise_url
+from ai_pipeline.store.database import DEFAULT_RETRY_SECONDS, Database, normalise_url, redact_url
 from ai_pipeline.store.documents import Documents
 from ai_pipeline.store.events import Events
 from ai_pipeline.store.leases import Leases
@@ -44,20 +46,36 @@ if TYPE_CHECKING:
 class Store:
     """The results database. Safe to share between threads; create one per process."""
 
-    def __init__(self, url: str, *, retry_seconds: float | None = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        retry_seconds: float | None = None,
+        analysis: Declaration = analyses.DEFAULT,
+    ):
         self.db = (
             Database(url) if retry_seconds is None else Database(url, retry_seconds=retry_seconds)
         )
         self.url = self.db.url
         self.documents = Documents(self.db)
         self.checkpoints = Checkpoints(self.db)
-        self.results = Results(self.db)
+        self.analysis = analysis
+        self.results = Results(self.db, analysis.document_model)
         self.events = Events(self.db)
         self.reviews = Reviews(self.db)
         self.batches = Batches(self.db)
         self.leases = Leases(self.db)
         self.tasks = TenantTasks(self.db, self.documents)
         self.spend = Spend(self.db)
+
+    def use(self, analysis: Declaration) -> None:
+        """Work for a changed declaration of the same analysis (a new release of it): task ids
+        built after follow it, and its output's fields are the results columns."""
+        if analysis is self.analysis:
+            return
+        if analysis.document_model is not self.analysis.document_model:
+            self.results = Results(self.db, analysis.document_model)
+        self.analysis = analysis
 
     @property
     def dialect(self) -> str:
@@ -68,20 +86,38 @@ _stores: dict[str, Store] = {}
 _stores_lock = threading.Lock()
 
 
-def get_store(url: str, *, retry_seconds: float = DEFAULT_RETRY_SECONDS) -> Store:
-    """One Store (one engine, one pool) per database URL per process."""
+def get_store(
+    url: str,
+    *,
+    retry_seconds: float = DEFAULT_RETRY_SECONDS,
+    analysis: Declaration = analyses.DEFAULT,
+) -> Store:
+    """One Store (one engine, one pool) per database URL per process. A results database holds
+    the results of one analysis."""
     url = normalise_url(url)
     with _stores_lock:
         store = _stores.get(url)
         if store is None:
-            store = _stores[url] = Store(url, retry_seconds=retry_seconds)
+            store = _stores[url] = Store(url, retry_seconds=retry_seconds, analysis=analysis)
+        elif store.analysis.name != analysis.name:
+            raise ValueError(
+                f"the results database {redact_url(url)} is open for the analysis "
+                f"{store.analysis.name!r}, not {analysis.name!r}: each analysis has its own"
+            )
+        else:
+            store.use(analysis)
         store.db.retry_seconds = retry_seconds
         return store
 
 
 def open_store(settings: Settings) -> Store:
-    """The results database the settings name, retried as long as they say."""
-    return get_store(settings.database_url, retry_seconds=settings.db_retry_seconds)
+    """The results database the settings name, for their analysis, retried as long as they
+    say."""
+    return get_store(
+        settings.database_url,
+        retry_seconds=settings.db_retry_seconds,
+        analysis=settings.declaration,
+    )
 
 
 def dispose_stores() -> None:

@@ -140,7 +140,7 @@ def _closed_by_server(dbapi_connection: Any) -> bool:
     return bool(readable)
 
 
-def create_schema(engine: Engine) -> None:
+def create_schema(engine: Engine, tables: sa.MetaData = metadata) -> None:
     """Create what is missing: tables, and the columns later releases added to existing tables.
 
     Processes that start on a fresh database at once: on PostgreSQL an advisory lock held for the
@@ -152,8 +152,8 @@ def create_schema(engine: Engine) -> None:
             with engine.begin() as conn:
                 if conn.dialect.name == "postgresql":
                     conn.execute(sa.text("SELECT pg_advisory_xact_lock(7290314)"))
-                metadata.create_all(conn)
-                _add_missing_columns(conn)
+                tables.create_all(conn)
+                _add_missing_columns(conn, tables)
             return
         except sa.exc.OperationalError as e:
             lost_the_race = "already exists" in str(e) or "duplicate column" in str(e)
@@ -161,12 +161,12 @@ def create_schema(engine: Engine) -> None:
                 raise
 
 
-def _add_missing_columns(conn: Connection) -> None:
+def _add_missing_columns(conn: Connection, tables: sa.MetaData) -> None:
     """An additive migration: a column added to a table since a database was created is added to
     it (every such column has a server default or is nullable), then back-filled where needed."""
     inspector = sa.inspect(conn)
     added: set[str] = set()
-    for table in metadata.sorted_tables:
+    for table in tables.sorted_tables:
         present = {c["name"] for c in inspector.get_columns(table.name)}
         for column in table.columns:
             if column.name in present:
@@ -224,6 +224,10 @@ class Database:
         self._lock = threading.Lock()
         self.retries = 0  # how many calls were retried (for tests and the benchmark)
         self._retrying(lambda: create_schema(self.engine))
+
+    def create(self, tables: sa.MetaData) -> None:
+        """Create what is missing of more tables than the store's own (an analysis's results)."""
+        self._retrying(lambda: create_schema(self.engine, tables))
 
     @property
     def dialect(self) -> str:

@@ -7,6 +7,7 @@ datetimes for ``DateTime(timezone=True)``).
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -103,33 +104,54 @@ def _document_fields(row: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ResultRow:
-    """One document's analysis in the results table."""
+    """One document's output in the results table: the analysis's fields in ``output``."""
 
     document_id: str
-    keywords: list[str]
-    summary: str
-    sentiment: str
-    entities: list[str]
-    confidence: float
+    output: dict[str, Any]
     task_id: str
     model: str
     prompt_version: str
     sources: list[str]
     prompt_tokens: int | None
     completion_tokens: int | None
+    # A sectioned document's per-section outputs, in order; None when it took one call.
+    sections: list[dict[str, Any]] | None = None
     created_at: datetime | None = None
     updated_at: datetime | None = None
 
     @classmethod
-    def from_row(cls, row: Any) -> ResultRow:
+    def from_row(cls, row: Any, fields: Sequence[str]) -> ResultRow:
         values = dict(row._mapping)
         for name in ("created_at", "updated_at"):
             if values[name] is not None:
                 values[name] = aware(values[name])
-        return cls(**values)
+        output = {name: values.pop(name) for name in fields}
+        return cls(output=output, **{k: v for k, v in values.items() if k in _ROW_FIELDS})
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    @classmethod
+    def from_record(cls, record: dict[str, Any], fields: Sequence[str]) -> ResultRow:
+        """A row from a flat record, as ``as_record`` gives it (a DataFrame's row)."""
+        output = {name: record[name] for name in fields}
+        return cls(output=output, **{k: v for k, v in record.items() if k in _ROW_FIELDS})
+
+    def as_record(self) -> dict[str, Any]:
+        """The row flat, the output's fields as columns: as the results table holds it."""
+        values = asdict(self)
+        return {"document_id": values.pop("document_id"), **values.pop("output"), **values}
+
+
+_ROW_FIELDS = {
+    "task_id",
+    "model",
+    "prompt_version",
+    "sources",
+    "prompt_tokens",
+    "completion_tokens",
+    "sections",
+    "created_at",
+    "updated_at",
+    "document_id",
+}
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@
 - ``document_sources``: every file name a document arrived under (aliases of one content).
 - ``checkpoints``: the stored result of one task (task id = document + step + prompt version +
   model); its existence means the task is done. First write wins.
-- ``results``: the analysis, one row per document, ever (written by the results IO manager).
+- ``results``, ``results_history``: the analysis's output, one row per document, ever, and the
+  rows re-analyses replaced; their columns follow the analysis (``results_tables``).
 - ``failure_events``: every classification of a failure, appended, for reports.
 - ``review_queue``: one item per document that needs a person, with a snapshot of its input.
 - ``quarantine``: LLM outputs that failed grounding; kept for audit, never used as results.
@@ -75,17 +76,17 @@ checkpoints = sa.Table(
 )
 
 
-def _analysis_columns() -> list[sa.Column[Any]]:
-    """A document's analysis as stored: in results, and as kept in results_history."""
+def _result_columns(fields: dict[str, sa.types.TypeEngine[Any]]) -> list[sa.Column[Any]]:
+    """A document's output as stored: in results, and as kept in results_history. Its analysis's
+    top-level fields are columns of their own (so SQL can query them on either backend), beside
+    what every analysis records."""
     return [
-        sa.Column("keywords", sa.JSON, nullable=False),
-        sa.Column("summary", sa.Text, nullable=False),
-        sa.Column("sentiment", sa.String(16), nullable=False),
-        sa.Column("entities", sa.JSON, nullable=False),
-        sa.Column("confidence", sa.Float, nullable=False),
+        *(sa.Column(name, type_, nullable=True) for name, type_ in fields.items()),
+        # A sectioned document's per-section outputs, in section order (None: one call).
+        sa.Column("sections", sa.JSON, nullable=True),
         sa.Column("task_id", sa.String(128), nullable=False),
         sa.Column("model", sa.String(128), nullable=False),
-        sa.Column("prompt_version", sa.String(32), nullable=False),
+        sa.Column("prompt_version", sa.String(64), nullable=False),
         sa.Column("sources", sa.JSON, nullable=False),
         sa.Column("prompt_tokens", sa.Integer, nullable=True),
         sa.Column("completion_tokens", sa.Integer, nullable=True),
@@ -94,24 +95,31 @@ def _analysis_columns() -> list[sa.Column[Any]]:
     ]
 
 
-results = sa.Table(
-    "results",
-    metadata,
-    sa.Column("document_id", sa.String(64), primary_key=True),
-    *_analysis_columns(),
-)
+RESULT_COLUMNS = frozenset(c.name for c in _result_columns({})) | {"document_id", "id"}
 
-# A document's earlier analyses: the row a re-analysis (another task: a new prompt version or
-# model, a reviewer's retry) replaced in results, as it was.
-results_history = sa.Table(
-    "results_history",
-    metadata,
-    sa.Column("id", sa.Integer, sa.Identity(), primary_key=True),
-    sa.Column("document_id", sa.String(64), nullable=False, index=True),
-    *_analysis_columns(),
-    sa.Column("replaced_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("replaced_by_task", sa.String(128), nullable=False),
-)
+
+def results_tables(fields: dict[str, sa.types.TypeEngine[Any]]) -> tuple[sa.Table, sa.Table]:
+    """``results`` (one row per document, ever) and ``results_history`` (the rows a re-analysis
+    replaced — another task: a new version or model, a reviewer's retry — as they were), with a
+    column for each of ``fields``, on a ``MetaData`` of their own."""
+    own = sa.MetaData()
+    results = sa.Table(
+        "results",
+        own,
+        sa.Column("document_id", sa.String(64), primary_key=True),
+        *_result_columns(fields),
+    )
+    history = sa.Table(
+        "results_history",
+        own,
+        sa.Column("id", sa.Integer, sa.Identity(), primary_key=True),
+        sa.Column("document_id", sa.String(64), nullable=False, index=True),
+        *_result_columns(fields),
+        sa.Column("replaced_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("replaced_by_task", sa.String(128), nullable=False),
+    )
+    return results, history
+
 
 failure_events = sa.Table(
     "failure_events",

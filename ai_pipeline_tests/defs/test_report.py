@@ -76,12 +76,9 @@ def test_report_spend_matches_the_recorded_usage_in_total_by_category_re_analyse
     """The spend of ``report --json``, its text and the failure_report asset's metadata are the
     sums of the recorded attempts: in all, of the refused document (its category), of the one
     re-analysed under a new prompt version, and per batch."""
-    from dataclasses import replace
-
-    from ai_pipeline import prompts
     from ai_pipeline.intake import batch_key
     from ai_pipeline.tasks import ANALYSE_STEP, task_id
-    from ai_pipeline_tests.support import TEST_MODEL, launcher, results_store
+    from ai_pipeline_tests.support import TEST_MODEL, launcher, new_release, results_store
 
     first = {f"a{i}.txt": sample_text(700 + i) for i in range(2)}
     first["refused.txt"] = sample_text(790)
@@ -96,7 +93,7 @@ def test_report_spend_matches_the_recorded_usage_in_total_by_category_re_analyse
     store.batches.save(batch_key(alpha), "alpha", alpha)
     store.batches.save(batch_key(beta), "beta", beta)
     again = doc_id(sample_text(700))
-    monkeypatch.setattr(prompts, "ANALYSIS", replace(prompts.ANALYSIS, version="v2"))
+    new_release(monkeypatch, version="v2")
     launcher().execute([again])
 
     rows = store.spend.attempts(alpha + beta)

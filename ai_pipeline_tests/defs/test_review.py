@@ -161,7 +161,7 @@ def test_model_layer_failure_needs_a_mode_then_accept_output_or_retry(
     assert (override.decided_by, override.note) == ("qa", "checked")
     assert MANUAL_OVERRIDE_SUCCESS in events(accept)
     (row,) = store.results.get([accept])
-    assert row.confidence == pytest.approx(0.42)
+    assert row.output["confidence"] == pytest.approx(0.42)
     assert webhook_receiver.accepted(notice_key(accept)) == 1
     assert webhook_receiver.requests_for(notice_key(accept)) == 1
 
@@ -176,7 +176,7 @@ def test_model_layer_failure_needs_a_mode_then_accept_output_or_retry(
     assert store.reviews.override(task_of(retry)) is None
     assert store.checkpoints.get(task_of(retry)) is not None
     (row,) = store.results.get([retry])
-    assert row.confidence >= 0.75
+    assert row.output["confidence"] >= 0.75
     assert webhook_receiver.accepted(notice_key(retry)) == 1
     assert webhook_receiver.requests_for(notice_key(retry)) == 1
     assert webhook_receiver.stats()["requests"] == 2

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ai_pipeline.prompts import ANALYSIS
+from ai_pipeline.analyses import DOCUMENT_ANALYSIS
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.tasks import section_step, task_id
 from ai_pipeline_tests.support import (
@@ -34,7 +34,7 @@ def contract(clauses: int) -> str:
 
 
 def section_task(document_id: str, index: int) -> str:
-    return task_id(document_id, section_step(index), ANALYSIS.version, TEST_MODEL)
+    return task_id(document_id, section_step(index), DOCUMENT_ANALYSIS.version, TEST_MODEL)
 
 
 def test_a_long_document_is_analysed_section_by_section_and_merged(
@@ -55,7 +55,7 @@ def test_a_long_document_is_analysed_section_by_section_and_merged(
     store = results_store()
     (row,) = store.results.get([d])
     assert row.task_id == task_of(d)
-    assert "Harbor Supplies" in row.entities and len(row.summary) <= 200
+    assert "Harbor Supplies" in row.output["entities"] and len(row.output["summary"]) <= 200
     doc = store.documents.get(d)
     assert doc is not None and doc.sections == 6
     assert store.checkpoints.count_for(d, "analyse.s") == 6

@@ -4,13 +4,12 @@ and the analysis each replaces stays in the results history."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from ai_pipeline import prompts
+from ai_pipeline.analyses import DOCUMENT_ANALYSIS
 from ai_pipeline.defs.assets import LLM_ANALYSIS
 from ai_pipeline.reporting import build_report
 from ai_pipeline.tasks import ANALYSE_STEP, task_id
@@ -21,6 +20,7 @@ from ai_pipeline_tests.support import (
     latest_materialization,
     launcher,
     make_inbox,
+    new_release,
     process_inbox,
     results_store,
     run_cli,
@@ -55,7 +55,7 @@ def test_a_prompt_version_bump_makes_exactly_the_completed_documents_stale(
     code, plan = run_cli(capsys, "backfill", "--stale", "--dry-run", "--json")
     assert code == 0 and plan["selected"] == []
 
-    monkeypatch.setattr(prompts, "ANALYSIS", replace(prompts.ANALYSIS, version="v2"))
+    new_release(monkeypatch, version="v2")
 
     code, plan = run_cli(capsys, "backfill", "--stale", "--dry-run", "--json")
     assert code == 0
@@ -78,7 +78,10 @@ def test_a_prompt_version_bump_makes_exactly_the_completed_documents_stale(
         (row,) = store.results.get([d])
         assert (row.task_id, row.prompt_version) == (new_task, "v2")
         (earlier,) = store.results.history(d)
-        assert (earlier["task_id"], earlier["summary"]) == (old[d].task_id, old[d].summary)
+        assert (earlier["task_id"], earlier["summary"]) == (
+            old[d].task_id,
+            old[d].output["summary"],
+        )
         assert earlier["replaced_by_task"] == new_task
         assert store.documents.get(d).task_id == new_task  # type: ignore[union-attr]
     assert store.results.get([bad]) == []
@@ -100,7 +103,7 @@ def test_the_analysis_assets_code_version_is_the_prompt_version() -> None:
 
     graph = defs.get_repository_def().asset_graph
     versions = {key.to_user_string(): graph.get(key).code_version for key in ANALYSIS_KEYS}
-    version = prompts.current_analysis().version
+    version = DOCUMENT_ANALYSIS.version
     assert versions == {
         "document_text": None,
         "llm_analysis": version,
@@ -170,7 +173,7 @@ def test_a_dated_served_model_name_leaves_nothing_stale(
     assert code == 0 and out["backfill_id"] is None
     assert simulator.stats()["total"] == calls
 
-    monkeypatch.setattr(prompts, "ANALYSIS", replace(prompts.ANALYSIS, version="v2"))
+    new_release(monkeypatch, version="v2")
 
     code, plan = run_cli(capsys, "backfill", "--stale", "--dry-run", "--json")
     assert sorted(d["document_id"] for d in plan["selected"]) == done

@@ -13,7 +13,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion
 
-from ai_pipeline.prompts import ANALYSIS
+from ai_pipeline.analyses import DOCUMENT_ANALYSIS
 from ai_pipeline.rehearsal.analysis import analyse
 from ai_pipeline.rehearsal.faults import FaultRule, SimulatorConfig
 from ai_pipeline.rehearsal.simulator import SimulatorControl, SimulatorServer
@@ -60,7 +60,7 @@ def client_for(server: SimulatorServer, api_key: str = "k", timeout: float = 5) 
 
 def messages(text: str) -> Any:
     # The SDK types messages as TypedDicts; the prompt builds plain dicts of the same shape.
-    return ANALYSIS.messages(text)
+    return DOCUMENT_ANALYSIS.messages(text)
 
 
 def ask(
@@ -475,14 +475,14 @@ def test_simulator_control_drives_the_server_over_http(server: SimulatorServer) 
 
 def test_the_simulator_reads_the_markers_the_prompt_writes() -> None:
     """The document markers the simulator looks for are the ones the analysis prompt writes."""
-    from ai_pipeline import prompts
+    from ai_pipeline.declaration import model
     from ai_pipeline.rehearsal import simulator
 
     assert (simulator.DOCUMENT_START, simulator.DOCUMENT_END) == (
-        prompts.DOCUMENT_START,
-        prompts.DOCUMENT_END,
+        model.DOCUMENT_START,
+        model.DOCUMENT_END,
     )
-    user = prompts.ANALYSIS.messages("Ana met Tomas in Lisbon.")[1]["content"]
+    user = DOCUMENT_ANALYSIS.messages("Ana met Tomas in Lisbon.")[1]["content"]
     assert simulator.extract_document(user) == "Ana met Tomas in Lisbon."
 
 

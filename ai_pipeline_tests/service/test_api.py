@@ -121,7 +121,8 @@ def test_a_submission_is_accepted_at_once_and_followed_to_completed(
     store = results_store()
     (row,) = store.results.get([store.tasks.get("acme", task).document_id])
     assert (
-        done["result"]["summary"] == row.summary and finals[0]["data"]["result"] == done["result"]
+        done["result"]["summary"] == row.output["summary"]
+        and finals[0]["data"]["result"] == done["result"]
     )
     assert simulator.requests_for(task) == 1
 
@@ -589,7 +590,7 @@ def test_a_section_reply_failing_a_check_fails_its_document_under_that_sections_
     the other's third with an entity not in its text: each document is FAILED with that check's
     category, its error names the section, its review item and failure event carry that
     section's task id, only the hallucinated reply is quarantined, and nothing is stored."""
-    from ai_pipeline.prompts import current_analysis
+    from ai_pipeline.analyses import DOCUMENT_ANALYSIS
     from ai_pipeline.settings import Settings
     from ai_pipeline.tasks import section_step, task_id
 
@@ -615,7 +616,7 @@ def test_a_section_reply_failing_a_check_fails_its_document_under_that_sections_
     }
     daemon.start()
     store = results_store()
-    model, version = Settings.load().model, current_analysis().version
+    model, version = Settings.load().model, DOCUMENT_ANALYSIS.version
     expected = {
         "unsure": ("LOW_CONFIDENCE", 2),
         "invented": ("MODEL_HALLUCINATION", 3),

@@ -26,7 +26,7 @@ def store(db_url: str) -> Iterator[Store]:
     """A Store on empty tables; its connections are closed afterwards."""
     s = Store(db_url)
     with s.db.engine.begin() as conn:
-        for table in reversed(metadata.sorted_tables):
+        for table in (s.results.history_table, s.results.table, *reversed(metadata.sorted_tables)):
             conn.execute(table.delete())
     yield s
     s.db.dispose()

@@ -15,11 +15,13 @@ from ai_pipeline.store.rows import ResultRow
 def _result_row(document_id: str) -> ResultRow:
     return ResultRow(
         document_id=document_id,
-        keywords=["物流", "合同", "delivery"],
-        summary="杭州星禾科技有限公司与 ACME Logistics 签订了仓储合同。",
-        sentiment="neutral",
-        entities=["杭州星禾科技有限公司", "ACME Logistics"],
-        confidence=0.9,
+        output={
+            "keywords": ["物流", "合同", "delivery"],
+            "summary": "杭州星禾科技有限公司与 ACME Logistics 签订了仓储合同。",
+            "sentiment": "neutral",
+            "entities": ["杭州星禾科技有限公司", "ACME Logistics"],
+            "confidence": 0.9,
+        },
         task_id=f"{document_id}-analyse-v1-sim",
         model="sim-analyst-1",
         prompt_version="v1",
@@ -27,6 +29,10 @@ def _result_row(document_id: str) -> ResultRow:
         prompt_tokens=120,
         completion_tokens=45,
     )
+
+
+def _with_output(row: ResultRow, **changes: object) -> ResultRow:
+    return replace(row, output={**row.output, **changes})
 
 
 def test_put_checkpoint_first_write_wins(store: Store) -> None:
@@ -63,22 +69,26 @@ def test_upsert_results_twice_keeps_one_row_with_new_values(
     times = iter([t1, t2])
     monkeypatch.setattr(results_module, "utcnow", lambda: next(times))
     assert store.results.upsert([_result_row("doc-1")]) == 1
-    changed = replace(
+    changed = _with_output(
         _result_row("doc-1"), summary="更新后的摘要", sentiment="positive", confidence=0.8
     )
     assert store.results.upsert([changed]) == 1
     assert store.results.count() == 1
     (row,) = store.results.get()
-    assert (row.summary, row.sentiment, row.confidence) == ("更新后的摘要", "positive", 0.8)
+    assert (row.output["summary"], row.output["sentiment"], row.output["confidence"]) == (
+        "更新后的摘要",
+        "positive",
+        0.8,
+    )
     assert (row.created_at, row.updated_at) == (t1, t2)
 
 
 def test_upsert_of_one_document_twice_in_one_call_keeps_the_last(store: Store) -> None:
     """Two rows for one document in one call give one row, the last one's values."""
-    first, last = _result_row("d"), replace(_result_row("d"), summary="the last word")
+    first, last = _result_row("d"), _with_output(_result_row("d"), summary="the last word")
     assert store.results.upsert([first, last]) == 1
     (row,) = store.results.get()
-    assert row.summary == "the last word"
+    assert row.output["summary"] == "the last word"
 
 
 def test_upsert_results_of_several_documents(store: Store) -> None:
@@ -93,13 +103,14 @@ def test_upsert_results_of_several_documents(store: Store) -> None:
 
 def test_result_json_columns_round_trip_chinese_lists(store: Store) -> None:
     """keywords, entities and sources come back as the same lists, Chinese text intact."""
-    row = replace(_result_row("doc-zh"), entities=["杭州星禾科技有限公司", "ＡＣＭＥ", "Zoë"])
+    row = _with_output(_result_row("doc-zh"), entities=["杭州星禾科技有限公司", "ＡＣＭＥ", "Zoë"])
     store.results.upsert([row])
     (got,) = store.results.get(["doc-zh"])
-    for column in ("keywords", "entities", "sources"):
-        assert getattr(got, column) == getattr(row, column)
-        assert isinstance(getattr(got, column), list)
-    assert got.summary == row.summary
+    for field in ("keywords", "entities"):
+        assert got.output[field] == row.output[field]
+        assert isinstance(got.output[field], list)
+    assert got.sources == row.sources
+    assert got.output == row.output
     assert (got.prompt_tokens, got.completion_tokens) == (120, 45)
 
 
