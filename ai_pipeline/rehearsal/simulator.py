@@ -5,7 +5,8 @@ What lives here:
 * :func:`create_app`, the Starlette app serving ``/v1/models``, ``/v1/chat/completions`` and the
   control API under ``/_sim/`` (stats, reset, faults, api-keys); how it reads a request and what
   its model replies (the analysis, or an answer to the request's JSON schema) comes from
-  :mod:`.replies`, which faults it injects from :mod:`.faults`;
+  :mod:`.replies`, which faults it injects from :mod:`.faults`, and in OpenAI rules mode what it
+  refuses, and the reasoning and cached tokens its usage reports, from :mod:`.openai_rules`;
 * :class:`SimulatorServer`, which runs the app with uvicorn in a background thread (tests, the
   demo), :func:`serve`, which runs it in the foreground (the ``simulate-llm`` command), and
   :class:`SimulatorControl`, which drives a simulator running in another process over HTTP.
@@ -32,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ai_pipeline.rehearsal import openai_rules
 from ai_pipeline.rehearsal.analysis import estimate_tokens
 from ai_pipeline.rehearsal.faults import (
     CONTENT_FAULTS,
@@ -101,42 +103,67 @@ def _status_error(status: int, note: str, headers: dict[str, str] | None = None)
     )
 
 
-def _within_limit(reply: Reply, limit: int | None) -> Reply:
-    """As a real endpoint does: the reply stops at the limit the request set."""
-    if limit is None or reply.content is None or estimate_tokens(reply.content) <= limit:
-        return reply
-    return replace(reply, content=cut_to(reply.content, limit), finish_reason="length")
+def _within_limit(reply: Reply, thinking: int, limit: int | None) -> tuple[Reply, int]:
+    """The reply and its reasoning tokens within the request's limit on completion tokens.
+
+    As a real endpoint does, the reply stops at the limit (``finish_reason: "length"``); a
+    reasoning model's thought counts first, and when it takes the whole limit nothing is said.
+    """
+    if limit is None or reply.content is None:
+        return reply, thinking
+    if thinking >= limit:
+        return replace(reply, content="", finish_reason="length"), limit
+    if estimate_tokens(reply.content) > limit - thinking:
+        cut = cut_to(reply.content, limit - thinking)
+        return replace(reply, content=cut, finish_reason="length"), thinking
+    return reply, thinking
 
 
 def create_app(config: SimulatorConfig) -> Starlette:
     """The simulator's ASGI app; its :class:`SimulatorState` is ``app.state.simulator``."""
     state = SimulatorState(config)
 
+    served = config.served_models
+
+    def model_card(model_id: str) -> dict[str, Any]:
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "simulator"}
+
     async def list_models(request: Request) -> Response:
         if not state.is_authorized(request.headers.get("authorization")):
             return _status_error(401, "the simulator does not accept this key")
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {"id": config.model, "object": "model", "created": 0, "owned_by": "simulator"}
-                ],
-            }
-        )
+        names = served if served is not None else (config.model,)
+        return JSONResponse({"object": "list", "data": [model_card(name) for name in names]})
 
     async def retrieve_model(request: Request) -> Response:
         if not state.is_authorized(request.headers.get("authorization")):
             return _status_error(401, "the simulator does not accept this key")
         model_id = request.path_params["model"]
-        return JSONResponse(
-            {"id": model_id, "object": "model", "created": 0, "owned_by": "simulator"}
-        )
+        if served is not None and not openai_rules.serves(
+            model_id, served, config.served_model_suffix
+        ):
+            error = openai_rules.model_error(model_id)
+            return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse(model_card(model_id))
+
+    def refused(chat: ChatRequest) -> openai_rules.RequestError | None:
+        """What OpenAI rules mode, or the list of models served, refuses in this request."""
+        model, suffix = chat.model, config.served_model_suffix
+        if (
+            model is not None
+            and served is not None
+            and not openai_rules.serves(model, served, suffix)
+        ):
+            return openai_rules.model_error(model)
+        return openai_rules.check_request(chat.body, chat.messages) if config.openai_rules else None
 
     async def chat_completions(request: Request) -> Response:
         key = request.headers.get("idempotency-key", "")
         authorized = state.is_authorized(request.headers.get("authorization"))
         chat = parse_chat_request(await request.body())
-        admission = state.admit(key, authorized, chat.text, chat.max_tokens)
+        rules_error = refused(chat) if chat.error is None else None
+        # A refused request reaches no model: no fault rule is spent on it.
+        text = chat.text if rules_error is None else None
+        admission = state.admit(key, authorized, text, chat.max_tokens)
         record, rule = admission.record, admission.rule
         note = f"simulated by fault rule #{admission.rule_index}"
 
@@ -153,6 +180,9 @@ def create_app(config: SimulatorConfig) -> Starlette:
                     _error_body(chat.error or "Bad request.", "invalid_request_error", None),
                     status_code=400,
                 )
+            if rules_error is not None:
+                state.finish(record, rules_error.status)
+                return JSONResponse(rules_error.body(), status_code=rules_error.status)
             fault_header = {"x-simulator-fault": rule.kind} if rule else {}
             if rule is not None and rule.kind == "status":
                 headers = dict(fault_header)
@@ -167,21 +197,26 @@ def create_app(config: SimulatorConfig) -> Starlette:
                 await state.hang()
 
             fault = rule.kind if rule is not None and rule.kind in CONTENT_FAULTS else None
-            reply = _within_limit(compose_reply(chat.text, chat.schema, fault), chat.max_tokens)
+            reply = compose_reply(chat.text, chat.schema, fault)
+            thinking = 0
+            if config.openai_rules and chat.model and openai_rules.is_reasoning_model(chat.model):
+                thinking = openai_rules.reasoning_tokens(chat.text)
+            reply, thinking = _within_limit(reply, thinking, chat.max_tokens)
             state.finish(record, 200, reply.builtin_fault)
             with_usage = rule is None or rule.kind != "no_usage"
-            return _completion(key, chat, reply, fault_header, with_usage)
+            return _completion(key, chat, reply, thinking, fault_header, with_usage)
 
     def _completion(
         key: str,
         chat: ChatRequest,
         reply: Reply,
+        thinking: int,
         headers: dict[str, str],
         with_usage: bool = True,
     ) -> JSONResponse:
         said = [(str(m.get("role", "")), message_text(m.get("content"))) for m in chat.messages]
         prompt_tokens = sum(estimate_tokens(text) for _, text in said)
-        completion = completion_tokens(reply)
+        completion = completion_tokens(reply) + thinking
         state.add_usage(key, prompt_tokens + completion)
         request_id = uuid.uuid4().hex
         model = chat.model or config.model
@@ -190,6 +225,16 @@ def create_app(config: SimulatorConfig) -> Starlette:
             "completion_tokens": completion,
             "total_tokens": prompt_tokens + completion,
         }
+        if config.caches_prompts:
+            cached = state.prompt_cache.cached_tokens(model, said)
+            usage["prompt_tokens_details"] = {"cached_tokens": cached, "audio_tokens": 0}
+        if config.openai_rules:
+            usage["completion_tokens_details"] = {
+                "reasoning_tokens": thinking,
+                "audio_tokens": 0,
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            }
         message = {"role": "assistant", "content": reply.content, "refusal": reply.refusal}
         return JSONResponse(
             {
