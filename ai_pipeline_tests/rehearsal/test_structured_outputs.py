@@ -171,6 +171,44 @@ def test_every_answer_validates_against_its_model(server: SimulatorServer, model
         assert model.model_validate_json(message.content or "") == message.parsed
 
 
+def test_any_text_gets_a_conforming_answer_for_every_model() -> None:
+    """For generated texts (any characters, Chinese, clause-like, JSON lists of outputs) every
+    model's schema answer validates and is the same when asked again."""
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    schemas = [(model, to_strict_json_schema(model)) for model in MODELS]
+    outputs = st.lists(
+        st.dictionaries(
+            st.sampled_from(["summary", "confidence", "obligations", "risk", "clause_count"]),
+            st.one_of(
+                st.text(max_size=20),
+                st.floats(allow_nan=False, allow_infinity=False),
+                st.integers(),
+                st.lists(st.text(max_size=10), max_size=3),
+            ),
+        ),
+        min_size=1,
+        max_size=3,
+    ).map(json.dumps)
+    texts = st.one_of(
+        st.text(max_size=300),
+        st.text(
+            alphabet="7. Termination第六条违约责任。，Either party Ltd 30 days\n", max_size=200
+        ),
+        outputs,
+    )
+
+    @hypothesis.settings(max_examples=150, deadline=None, database=None)
+    @hypothesis.given(texts)
+    def conforms(text: str) -> None:
+        for model, schema in schemas:
+            answer = answer_for_schema(schema, text)
+            model.model_validate_json(json.dumps(answer, ensure_ascii=False))
+            assert answer_for_schema(schema, text) == answer
+
+    conforms()
+
+
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
 def test_the_same_text_gets_the_same_schema_answer(server: SimulatorServer, model: Any) -> None:
     """A schema answer is byte-identical for the same text sent twice."""
