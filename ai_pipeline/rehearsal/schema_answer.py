@@ -24,10 +24,10 @@ Two kinds of documents get answers shaped for them:
   property named like a title gets the clause's title ("Termination"), one named like a number
   its number, and strings and the ``summary`` come from the clause's body (the built-in summary
   of such a text would be the bare "7.");
-* a JSON list of objects (the earlier outputs of a map step, sent to a reduce step): a property
-  they share is merged from them (lists joined without duplicates, a confidence-like number the
-  lowest, counts summed, other values the most frequent), and everything else comes from the
-  text of their string values.
+* a JSON list of objects, or an object holding one (the earlier outputs of a map step, sent to
+  a reduce step): a property they share is merged from them (lists joined without duplicates, a
+  confidence-like number the lowest, counts summed, other values the most frequent), and
+  everything else comes from the text of their string values.
 
 What it does not do: ``pattern`` is not honoured, ``multipleOf`` only for integers, and ``allOf``
 is merged shallowly. Nothing here speaks HTTP; the fault helpers at the end say where a spoilt

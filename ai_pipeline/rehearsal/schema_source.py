@@ -118,17 +118,24 @@ def parse_clause(text: str) -> Clause | None:
 
 
 def earlier_outputs(text: str) -> list[dict[str, Any]] | None:
-    """The objects of a document that is a JSON list of objects (a reduce step's input)."""
+    """The objects of a document that is a JSON list of objects (a reduce step's input), or an
+    object holding one such list (``{"sections": [...]}``)."""
     stripped = text.strip()
-    if not stripped.startswith("["):
+    if not stripped.startswith(("[", "{")):
         return None
     try:
         value = json.loads(stripped)
     except ValueError:
         return None
-    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        return value
-    return None
+    candidates = list(value.values()) if isinstance(value, dict) else [value]
+    return next(
+        (
+            c
+            for c in candidates
+            if isinstance(c, list) and c and all(isinstance(v, dict) for v in c)
+        ),
+        None,
+    )
 
 
 def _string_leaves(value: Any) -> list[str]:

@@ -279,8 +279,9 @@ def test_one_numbered_clause_gets_a_per_clause_answer(server: SimulatorServer) -
 
 
 def test_a_reduce_step_merges_the_earlier_outputs(server: SimulatorServer) -> None:
-    """A document that is a JSON list of earlier outputs gets a conforming answer that merges
-    their shared fields: lists joined, the lowest confidence, counts summed."""
+    """A document that is a JSON list of earlier outputs (or an object holding one) gets a
+    conforming answer that merges their shared fields: lists joined, the lowest confidence,
+    counts summed."""
 
     class Part(BaseModel):
         obligations: list[str] = Field(max_length=6)
@@ -311,6 +312,8 @@ def test_a_reduce_step_merges_the_earlier_outputs(server: SimulatorServer) -> No
         ask(server, document, schema_format(ClauseReview)) or ""
     )
     assert review.confidence == 0.7
+    wrapped = json.dumps({"document": "lease.pdf", "sections": parts})
+    assert ask(server, wrapped, schema_format(Part)) == ask(server, document, schema_format(Part))
 
 
 # -- faults ------------------------------------------------------------------------------------
