@@ -21,12 +21,20 @@ def cmd_simulate_llm(args: argparse.Namespace) -> int:
             faults = [FaultRule.model_validate(f) for f in raw.get("faults", raw)]
         except (OSError, ValueError) as e:
             raise UsageError(f"--faults {args.faults}: {e}") from e
+    models = None
+    if args.models is not None:
+        models = tuple(name.strip() for name in args.models.split(",") if name.strip())
+        if not models:
+            raise UsageError("--models: give at least one model name, e.g. gpt-4o-mini,o4-mini")
     config = SimulatorConfig(
         latency_ms=args.latency_ms,
         max_concurrency=args.max_concurrency,
         api_keys=set(args.api_key) if args.api_key else None,
         faults=faults,
         served_model_suffix=args.served_model_suffix,
+        openai_rules=args.openai_rules,
+        models=models,
+        prompt_caching=True if args.prompt_caching else None,
     )
     serve(config, host=args.host, port=args.port)
     return EXIT_OK
@@ -65,6 +73,25 @@ def add_commands(sub: Any) -> None:
         default="",
         help="answer under the requested model name plus this, as OpenAI answers gpt-4o-mini as "
         "gpt-4o-mini-2024-07-18 (default: the name requested)",
+    )
+    p.add_argument(
+        "--openai-rules",
+        action="store_true",
+        help="refuse what OpenAI refuses, with its status codes and error bodies (reasoning-model "
+        "parameters, unknown models, JSON mode without 'json', non-strict schemas, n>1); report "
+        "reasoning and cached tokens in usage",
+    )
+    p.add_argument(
+        "--models",
+        help="comma-separated model names served; others get 404 model_not_found (default: any "
+        "name; with --openai-rules gpt-4o-mini,gpt-4o,gpt-4.1-mini,gpt-5-mini,o4-mini and "
+        "sim-analyst-1)",
+    )
+    p.add_argument(
+        "--prompt-caching",
+        action="store_true",
+        help="report usage.prompt_tokens_details.cached_tokens as OpenAI's prompt caching would "
+        "(on with --openai-rules)",
     )
     p.set_defaults(func=cmd_simulate_llm)
 

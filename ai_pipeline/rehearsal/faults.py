@@ -19,6 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from ai_pipeline.rehearsal.openai_rules import OPENAI_MODELS, PromptCache
+
 DEFAULT_MODEL = "sim-analyst-1"
 MAX_RECORDED_REQUESTS = 1000
 
@@ -131,6 +133,25 @@ class SimulatorConfig:
     # Appended to the requested model in each reply's ``model``, as OpenAI answers a request for
     # ``gpt-4o-mini`` as ``gpt-4o-mini-2024-07-18`` ("" answers with the name requested).
     served_model_suffix: str = ""
+    # OpenAI rules mode (``openai_rules``): requests OpenAI refuses get its status and error
+    # body, reasoning models report reasoning tokens, usage reports cached prompt tokens.
+    openai_rules: bool = False
+    # The model names served (a request for another gets 404 model_not_found). None serves any
+    # name and lists ``model``; in OpenAI rules mode None serves OPENAI_MODELS and ``model``.
+    models: tuple[str, ...] | None = None
+    # Report ``usage.prompt_tokens_details.cached_tokens`` (None: in OpenAI rules mode only).
+    prompt_caching: bool | None = None
+
+    @property
+    def served_models(self) -> tuple[str, ...] | None:
+        """The names served, or None when any name is answered."""
+        if self.models is not None:
+            return self.models
+        return (*OPENAI_MODELS, self.model) if self.openai_rules else None
+
+    @property
+    def caches_prompts(self) -> bool:
+        return self.openai_rules if self.prompt_caching is None else self.prompt_caching
 
     def __post_init__(self) -> None:
         if self.latency_ms < 0:
@@ -140,6 +161,10 @@ class SimulatorConfig:
         if self.hang_seconds < 0:
             raise ValueError(f"hang_seconds must be >= 0, got {self.hang_seconds}")
         self.faults = [FaultRule.coerce(rule) for rule in self.faults]
+        if self.models is not None:
+            self.models = tuple(self.models)
+            if not self.models or not all(isinstance(m, str) and m for m in self.models):
+                raise ValueError(f"models must be non-empty names, got {self.models!r}")
         if self.api_keys is not None:
             self.api_keys = set(self.api_keys)
 
@@ -185,6 +210,7 @@ class SimulatorState:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._capacity: asyncio.Semaphore | None = None
         self._hang_release: asyncio.Event | None = None
+        self.prompt_cache = PromptCache()
 
     # -- control ---------------------------------------------------------------------------
 
@@ -206,7 +232,7 @@ class SimulatorState:
             return self._by_key.get(key, 0)
 
     def reset(self) -> None:
-        """Clear the counters; fault rules and api keys stay as they are."""
+        """Clear the counters and the prompt cache; fault rules and api keys stay as they are."""
         with self._lock:
             self._total = 0
             self._by_key.clear()
@@ -215,6 +241,7 @@ class SimulatorState:
             self._by_status.clear()
             self._requests.clear()
             self._peak_in_flight = self._in_flight
+        self.prompt_cache.clear()
 
     def set_faults(self, faults: Iterable[FaultRule | dict[str, Any]]) -> None:
         rules = [FaultRule.coerce(rule) for rule in faults]

@@ -3,8 +3,10 @@
 What lives here:
 
 * :func:`create_app`, the Starlette app serving ``/v1/models``, ``/v1/chat/completions`` and the
-  control API under ``/_sim/`` (stats, reset, faults, api-keys); what it answers comes from
-  :mod:`.analysis`, which faults it injects from :mod:`.faults`;
+  control API under ``/_sim/`` (stats, reset, faults, api-keys); how it reads a request and what
+  its model replies (the analysis, or an answer to the request's JSON schema) comes from
+  :mod:`.replies`, which faults it injects from :mod:`.faults`, and in OpenAI rules mode what it
+  refuses, and the reasoning and cached tokens its usage reports, from :mod:`.openai_rules`;
 * :class:`SimulatorServer`, which runs the app with uvicorn in a background thread (tests, the
   demo), :func:`serve`, which runs it in the foreground (the ``simulate-llm`` command), and
   :class:`SimulatorControl`, which drives a simulator running in another process over HTTP.
@@ -17,10 +19,10 @@ The control API is unauthenticated on purpose: the simulator is a local rehearsa
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -31,12 +33,25 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ai_pipeline.rehearsal.analysis import analyse, dont_know_reply, estimate_tokens, is_chinese
+from ai_pipeline.rehearsal import openai_rules
+from ai_pipeline.rehearsal.analysis import estimate_tokens
 from ai_pipeline.rehearsal.faults import (
     CONTENT_FAULTS,
     FaultRule,
     SimulatorConfig,
     SimulatorState,
+)
+from ai_pipeline.rehearsal.replies import (
+    DOCUMENT_END,
+    DOCUMENT_START,
+    ChatRequest,
+    Reply,
+    completion_tokens,
+    compose_reply,
+    cut_to,
+    extract_document,
+    message_text,
+    parse_chat_request,
 )
 from ai_pipeline.rehearsal.serving import (
     BackgroundServer,
@@ -45,20 +60,15 @@ from ai_pipeline.rehearsal.serving import (
     serve_foreground,
 )
 
-# The markers a prompt puts around the document (any server may look for them; this one does, to
-# analyse the document rather than the instructions). ``Declaration.messages`` writes them.
-DOCUMENT_START = "<<<DOCUMENT"
-DOCUMENT_END = "DOCUMENT>>>"
-HALLUCINATED_ENTITIES = ("Globex Corporation", "Dr. Nora Vance", "Initech Holdings", "Lars Vinter")
-
-
-def extract_document(user_content: str) -> str:
-    """The document text of a user message built with the markers (or the whole message)."""
-    start = user_content.find(DOCUMENT_START)
-    end = user_content.rfind(DOCUMENT_END)
-    if start == -1 or end == -1 or end < start:
-        return user_content
-    return user_content[start + len(DOCUMENT_START) : end].strip("\n")
+__all__ = [
+    "DOCUMENT_END",
+    "DOCUMENT_START",
+    "SimulatorControl",
+    "SimulatorServer",
+    "create_app",
+    "extract_document",
+    "serve",
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,109 +103,67 @@ def _status_error(status: int, note: str, headers: dict[str, str] | None = None)
     )
 
 
-def _message_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
-        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return ""
+def _within_limit(reply: Reply, thinking: int, limit: int | None) -> tuple[Reply, int]:
+    """The reply and its reasoning tokens within the request's limit on completion tokens.
 
-
-def _parse_chat_body(
-    raw: bytes,
-) -> tuple[str | None, list[dict[str, Any]], int | None, str | None]:
-    """(model, messages, max_tokens, error message) of a chat completion request body."""
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        return None, [], None, "The request body is not valid JSON."
-    if not isinstance(body, dict):
-        return None, [], None, "The request body must be a JSON object."
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        return None, [], None, "'messages' must be a list of message objects."
-    if body.get("stream"):
-        return None, [], None, "The simulator does not support stream=true."
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        return None, [], None, "'max_tokens' must be a positive integer."
-    model = body.get("model")
-    return (model if isinstance(model, str) and model else None), messages, limit, None
-
-
-def _cut_to(content: str, max_tokens: int) -> str:
-    """The longest start of ``content`` within ``max_tokens`` (as the simulator counts)."""
-    while content and estimate_tokens(content) > max_tokens:
-        shorter = len(content) * max_tokens // estimate_tokens(content)
-        content = content[: min(shorter, len(content) - 1)]
-    return content
-
-
-def _document_text(messages: list[dict[str, Any]]) -> str | None:
-    for message in reversed(messages):
-        if message.get("role") == "user":
-            return extract_document(_message_text(message.get("content")))
-    return None
-
-
-def _faulty_content(kind: str, analysis: dict[str, Any], text: str) -> str:
-    chinese = is_chinese(text)
-    if kind == "refuse":
-        return (
-            "抱歉，我无法回答这个问题。"
-            if chinese
-            else "I'm sorry, but I can't help with that request."
-        )
-    result = dict(analysis)
-    if kind == "missing_field":
-        result.pop("summary", None)
-    elif kind == "wrong_type":
-        result["confidence"] = "high"
-    elif kind == "low_confidence":
-        result["confidence"] = 0.42
-    elif kind == "hallucinate":
-        invented = [name for name in HALLUCINATED_ENTITIES if name not in text][:2]
-        result["entities"] = [*result["entities"], *invented]
-    content = json.dumps(result, ensure_ascii=False)
-    if kind == "invalid_json":
-        if chinese:
-            return f"好的！以下是分析结果：{content} 希望对你有帮助！"
-        return f"Sure! Here is the analysis: {content} Hope this helps!"
-    return content
+    As a real endpoint does, the reply stops at the limit (``finish_reason: "length"``); a
+    reasoning model's thought counts first, and when it takes the whole limit nothing is said.
+    """
+    if limit is None or reply.content is None:
+        return reply, thinking
+    if thinking >= limit:
+        return replace(reply, content="", finish_reason="length"), limit
+    if estimate_tokens(reply.content) > limit - thinking:
+        cut = cut_to(reply.content, limit - thinking)
+        return replace(reply, content=cut, finish_reason="length"), thinking
+    return reply, thinking
 
 
 def create_app(config: SimulatorConfig) -> Starlette:
     """The simulator's ASGI app; its :class:`SimulatorState` is ``app.state.simulator``."""
     state = SimulatorState(config)
 
+    served = config.served_models
+
+    def model_card(model_id: str) -> dict[str, Any]:
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "simulator"}
+
     async def list_models(request: Request) -> Response:
         if not state.is_authorized(request.headers.get("authorization")):
             return _status_error(401, "the simulator does not accept this key")
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {"id": config.model, "object": "model", "created": 0, "owned_by": "simulator"}
-                ],
-            }
-        )
+        names = served if served is not None else (config.model,)
+        return JSONResponse({"object": "list", "data": [model_card(name) for name in names]})
 
     async def retrieve_model(request: Request) -> Response:
         if not state.is_authorized(request.headers.get("authorization")):
             return _status_error(401, "the simulator does not accept this key")
         model_id = request.path_params["model"]
-        return JSONResponse(
-            {"id": model_id, "object": "model", "created": 0, "owned_by": "simulator"}
-        )
+        if served is not None and not openai_rules.serves(
+            model_id, served, config.served_model_suffix
+        ):
+            error = openai_rules.model_error(model_id)
+            return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse(model_card(model_id))
+
+    def refused(chat: ChatRequest) -> openai_rules.RequestError | None:
+        """What OpenAI rules mode, or the list of models served, refuses in this request."""
+        model, suffix = chat.model, config.served_model_suffix
+        if (
+            model is not None
+            and served is not None
+            and not openai_rules.serves(model, served, suffix)
+        ):
+            return openai_rules.model_error(model)
+        return openai_rules.check_request(chat.body, chat.messages) if config.openai_rules else None
 
     async def chat_completions(request: Request) -> Response:
         key = request.headers.get("idempotency-key", "")
         authorized = state.is_authorized(request.headers.get("authorization"))
-        model, messages, max_tokens, error = _parse_chat_body(await request.body())
-        text = None if error else _document_text(messages)
-        if error is None and text is None:
-            error = "The request has no user message."
-        admission = state.admit(key, authorized, text, max_tokens)
+        chat = parse_chat_request(await request.body())
+        rules_error = refused(chat) if chat.error is None else None
+        # A refused request reaches no model: no fault rule is spent on it.
+        text = chat.text if rules_error is None else None
+        admission = state.admit(key, authorized, text, chat.max_tokens)
         record, rule = admission.record, admission.rule
         note = f"simulated by fault rule #{admission.rule_index}"
 
@@ -206,12 +174,15 @@ def create_app(config: SimulatorConfig) -> Starlette:
             if not authorized:
                 state.finish(record, 401)
                 return _status_error(401, "the simulator does not accept this key")
-            if error is not None or text is None:
+            if chat.error is not None or chat.text is None:
                 state.finish(record, 400)
                 return JSONResponse(
-                    _error_body(error or "Bad request.", "invalid_request_error", None),
+                    _error_body(chat.error or "Bad request.", "invalid_request_error", None),
                     status_code=400,
                 )
+            if rules_error is not None:
+                state.finish(record, rules_error.status)
+                return JSONResponse(rules_error.body(), status_code=rules_error.status)
             fault_header = {"x-simulator-fault": rule.kind} if rule else {}
             if rule is not None and rule.kind == "status":
                 headers = dict(fault_header)
@@ -225,56 +196,58 @@ def create_app(config: SimulatorConfig) -> Starlette:
             if rule is not None and rule.kind == "timeout":
                 await state.hang()
 
-            finish_reason, builtin_fault = "stop", None
-            refusal = dont_know_reply(text)
-            # A configured fault wins over the built-in refusal: it is what the user asked for.
-            if rule is not None and rule.kind in CONTENT_FAULTS:
-                content = _faulty_content(rule.kind, analyse(text), text)
-                if rule.kind == "truncate":
-                    content, finish_reason = content[: len(content) // 2], "length"
-            elif refusal is not None:
-                content, builtin_fault = refusal, "dont_know"
-            else:
-                content = json.dumps(analyse(text), ensure_ascii=False)
-            if max_tokens is not None and estimate_tokens(content) > max_tokens:
-                # As a real endpoint does: the reply stops at the limit the request set.
-                content, finish_reason = _cut_to(content, max_tokens), "length"
-            state.finish(record, 200, builtin_fault)
+            fault = rule.kind if rule is not None and rule.kind in CONTENT_FAULTS else None
+            reply = compose_reply(chat.text, chat.schema, fault)
+            thinking = 0
+            if config.openai_rules and chat.model and openai_rules.is_reasoning_model(chat.model):
+                thinking = openai_rules.reasoning_tokens(chat.text)
+            reply, thinking = _within_limit(reply, thinking, chat.max_tokens)
+            state.finish(record, 200, reply.builtin_fault)
             with_usage = rule is None or rule.kind != "no_usage"
-            return _completion(
-                key, model, messages, content, finish_reason, fault_header, with_usage
-            )
+            return _completion(key, chat, reply, thinking, fault_header, with_usage)
 
     def _completion(
         key: str,
-        model: str | None,
-        messages: list[dict[str, Any]],
-        content: str,
-        finish_reason: str,
+        chat: ChatRequest,
+        reply: Reply,
+        thinking: int,
         headers: dict[str, str],
         with_usage: bool = True,
     ) -> JSONResponse:
-        prompt_tokens = sum(estimate_tokens(_message_text(m.get("content"))) for m in messages)
-        completion_tokens = estimate_tokens(content)
-        state.add_usage(key, prompt_tokens + completion_tokens)
+        said = [(str(m.get("role", "")), message_text(m.get("content"))) for m in chat.messages]
+        prompt_tokens = sum(estimate_tokens(text) for _, text in said)
+        completion = completion_tokens(reply) + thinking
+        state.add_usage(key, prompt_tokens + completion)
         request_id = uuid.uuid4().hex
-        usage = {
+        model = chat.model or config.model
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
         }
+        if config.caches_prompts:
+            cached = state.prompt_cache.cached_tokens(model, said)
+            usage["prompt_tokens_details"] = {"cached_tokens": cached, "audio_tokens": 0}
+        if config.openai_rules:
+            usage["completion_tokens_details"] = {
+                "reasoning_tokens": thinking,
+                "audio_tokens": 0,
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            }
+        message = {"role": "assistant", "content": reply.content, "refusal": reply.refusal}
         return JSONResponse(
             {
                 "id": f"chatcmpl-sim-{request_id}",
                 "object": "chat.completion",
                 "created": int(time.time()),
-                "model": (model or config.model) + config.served_model_suffix,
+                "model": model + config.served_model_suffix,
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": content, "refusal": None},
+                        "message": message,
                         "logprobs": None,
-                        "finish_reason": finish_reason,
+                        "finish_reason": reply.finish_reason,
                     }
                 ],
                 **({"usage": usage} if with_usage else {}),
