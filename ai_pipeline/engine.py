@@ -410,6 +410,8 @@ class Analyser:
                     "completion_tokens": reply.completion_tokens,
                     "latency_ms": reply.latency_ms,
                     "from_checkpoint": from_checkpoint,
+                    # How the reply's shape was asked for: Structured Outputs or JSON mode.
+                    "response_format": self.analysis.model.response_format,
                     "source": doc.source,
                     # Every attempt's cost so far, failed and repeated ones included.
                     "cost_usd": round(spent.cost_usd, 6) if spent else 0.0,
@@ -475,7 +477,14 @@ class Analyser:
             )
 
     async def _call(
-        self, doc: StoredDocument, task: str, step: str, messages: Messages, log: TaskLog
+        self,
+        doc: StoredDocument,
+        task: str,
+        step: str,
+        messages: Messages,
+        log: TaskLog,
+        *,
+        reduce: bool = False,
     ) -> tuple[LLMReply, bool]:
         """One LLM call behind its checkpoint: the stored answer when there is one (and whether
         it was), else the call, made durable before anything else is done with it."""
@@ -490,7 +499,8 @@ class Analyser:
             f"calling {self.llm.model} ({self.analysis.name} {self.analysis.version}) for {task}"
         )
         try:
-            reply = await self.llm.analyse(task, messages, log=log)
+            response_format = self.analysis.response_format(reduce=reduce)
+            reply = await self.llm.analyse(task, messages, response_format=response_format, log=log)
         except ClassifiedError as e:
             raise _StageError("llm_analysis", e.category, e.message, task) from e
         # A crash after this line never pays for the same call again.
@@ -510,6 +520,7 @@ class Analyser:
             finish_reason=reply.finish_reason,
             min_confidence=self.min_confidence,
             reduce=reduce,
+            refusal=reply.refusal,
         )
 
     async def _sectioned(
@@ -576,7 +587,9 @@ class Analyser:
         reduce_task = task_id(doc.document_id, REDUCE_STEP, self.analysis.tag(), self.llm.model)
         text = json.dumps(stored, ensure_ascii=False, indent=1)
         messages = self.analysis.messages(text, instructions=reduce.instructions)
-        reduced, reduce_cached = await self._call(doc, reduce_task, REDUCE_STEP, messages, log)
+        reduced, reduce_cached = await self._call(
+            doc, reduce_task, REDUCE_STEP, messages, log, reduce=True
+        )
         log.info(f"{total} sections analysed and reduced")
         reply = _sum_of([*replies, reduced], content=reduced.content)
         verdict = self._evaluate(reduced, doc.text or "", reduce=True)

@@ -62,6 +62,15 @@ class Meter(Protocol):
 MAX_NETWORK_PROBES = 3
 # The chat messages of one call, as the analysis's declaration writes them.
 Messages = Sequence[Mapping[str, str]]
+JSON_MODE: Mapping[str, Any] = {"type": "json_object"}
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What one call sends beside the model: its messages and the reply's format."""
+
+    messages: Messages
+    response_format: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -74,10 +83,14 @@ class LLMReply:
     prompt_tokens: int | None
     completion_tokens: int | None
     latency_ms: int
+    # What the model said instead of an answer, when the endpoint reports a refusal apart
+    # (Structured Outputs: ``message.refusal``, the content then empty).
+    refusal: str | None = None
 
     def to_payload(self) -> dict:
         return {
             "content": self.content,
+            "refusal": self.refusal,
             "finish_reason": self.finish_reason,
             "model": self.model,
             "prompt_tokens": self.prompt_tokens,
@@ -298,9 +311,16 @@ class LLMClient:
             raise RunStopped(f"not sent: the run is stopping ({task_id})")
 
     async def analyse(
-        self, task_id: str, messages: Messages, *, log: Log | None = None
+        self,
+        task_id: str,
+        messages: Messages,
+        *,
+        response_format: Mapping[str, Any] | None = None,
+        log: Log | None = None,
     ) -> LLMReply:
-        """One call under the retry policy; raises ClassifiedError when it cannot be had."""
+        """One call under the retry policy; raises ClassifiedError when it cannot be had.
+        ``response_format`` is sent as given (JSON mode when None)."""
+        request = _Request(messages, response_format or JSON_MODE)
         log = log or NullLog()
         self._fail_fast_if_open()
         if not self._proven:
@@ -310,7 +330,7 @@ class LLMClient:
                 self._fail_fast_if_open()
                 if not self._proven:
                     try:
-                        reply = await self._with_policy(task_id, messages, log)
+                        reply = await self._with_policy(task_id, request, log)
                     except ClassifiedError as e:
                         # Only an answer proves the credentials: after a network failure the next
                         # call probes again, but not forever — an endpoint that stays unreachable
@@ -325,7 +345,7 @@ class LLMClient:
                         raise
                     self._proven = True
                     return reply
-        return await self._with_policy(task_id, messages, log)
+        return await self._with_policy(task_id, request, log)
 
     def _fail_fast_if_open(self) -> None:
         if self._circuit is not None:
@@ -334,7 +354,7 @@ class LLMClient:
                 f"not sent: the circuit is open after {self._circuit.message}",
             )
 
-    async def _with_policy(self, task_id: str, messages: Messages, log: Log) -> LLMReply:
+    async def _with_policy(self, task_id: str, request: _Request, log: Log) -> LLMReply:
         refreshed = False
         generation = self.credentials.generation
 
@@ -344,7 +364,7 @@ class LLMClient:
             nonlocal generation, attempt
             generation = self.credentials.generation
             attempt += 1
-            return await self._send(task_id, messages, attempt)
+            return await self._send(task_id, request, attempt)
 
         async def recover(failure: AttemptFailure, attempt: int) -> AttemptFailure | None:
             """After a 401/403: refresh the credentials once and resubmit, else open the circuit."""
@@ -377,14 +397,14 @@ class LLMClient:
             task_id, send, attempt_failure, log=log, on_retry=self.on_failure, recover=recover
         )
 
-    async def _send(self, task_id: str, messages: Messages, attempt: int = 1) -> LLMReply:
+    async def _send(self, task_id: str, request: _Request, attempt: int = 1) -> LLMReply:
         with span("llm.attempt", task_id=task_id, **{"llm.model": self.model, "attempt": attempt}):
-            return await self._attempt(task_id, messages)
+            return await self._attempt(task_id, request)
 
-    async def _attempt(self, task_id: str, messages: Messages) -> LLMReply:
+    async def _attempt(self, task_id: str, request: _Request) -> LLMReply:
         current = trace.get_current_span()
         try:
-            reply = await self._request(task_id, messages)
+            reply = await self._request(task_id, request)
         except BaseException as e:
             if isinstance(e, Exception):
                 mark_failed(current, classify(e), describe(e))
@@ -393,7 +413,8 @@ class LLMClient:
         current.set_attribute("llm.completion_tokens", reply.completion_tokens or 0)
         return reply
 
-    async def _request(self, task_id: str, messages: Messages) -> LLMReply:
+    async def _request(self, task_id: str, request: _Request) -> LLMReply:
+        messages = request.messages
         self._refuse_if_stopping(task_id)
         await self._limiter.acquire()
         async with self._semaphore:
@@ -412,7 +433,7 @@ class LLMClient:
                     model=self.model,
                     messages=messages,  # type: ignore[arg-type,call-overload]
                     temperature=0,
-                    response_format={"type": "json_object"},
+                    response_format=request.response_format,  # type: ignore[arg-type]
                     extra_headers={"Idempotency-Key": task_id},
                     **({"max_tokens": limit} if limit is not None else {}),
                 )
@@ -451,6 +472,7 @@ class LLMClient:
             raise ClassifiedError(Category.SCHEMA_VIOLATION, "the reply has no choices")
         return LLMReply(
             content=choice.message.content or "",
+            refusal=getattr(choice.message, "refusal", None) or None,
             finish_reason=choice.finish_reason,
             model=model,
             prompt_tokens=prompt_tokens,

@@ -212,7 +212,7 @@ class Settings:
                 value = setting.default if raw in (None, "") else _parse(setting, raw)
             values[f.name] = value
         if values["database_url"] is None:
-            values["database_url"] = default_database_url()
+            values["database_url"] = default_database_url(values["analysis"])
         settings = cls(**values)
         settings.validate()
         return settings
@@ -265,10 +265,14 @@ _AT_LEAST_ONE = (
 )
 
 
-def default_database_url() -> str:
-    """The embedded default: a SQLite file beside the Dagster instance (``DAGSTER_HOME``)."""
-    home = os.environ.get("DAGSTER_HOME") or os.getcwd()
-    return f"sqlite:///{Path(home).resolve() / RESULTS_DATABASE_FILE}"
+def default_database_url(analysis: str | None = None) -> str:
+    """The embedded default: a SQLite file beside the Dagster instance (``DAGSTER_HOME``); an
+    analysis other than the default has its own (``ai_pipeline.<name>.sqlite``)."""
+    home = Path(os.environ.get("DAGSTER_HOME") or os.getcwd()).resolve()
+    if analysis in (None, analyses.DEFAULT.name):
+        return f"sqlite:///{home / RESULTS_DATABASE_FILE}"
+    safe = "".join(c if c.isalnum() or c in "_." else "_" for c in str(analysis))
+    return f"sqlite:///{home / RESULTS_DATABASE_FILE.replace('.sqlite', f'.{safe}.sqlite')}"
 
 
 def _parse(setting: Setting, raw: str) -> Any:

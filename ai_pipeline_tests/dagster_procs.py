@@ -208,7 +208,8 @@ class DagsterProcess:
     def stop(self) -> None:
         """SIGTERM to the process group; fails (after SIGKILL) if the process has not exited
         ``STOP_SECONDS`` later, or a member of its group is still running (not a zombie)
-        ``STOP_SECONDS`` after that. Stopping what is stopped (or never started) does nothing."""
+        ``STOP_SECONDS`` after that, though told again every second (a member may have started
+        after the first SIGTERM). Stopping what is stopped (or never started) does nothing."""
         if self.proc is None or self.stopped:
             return
         pgid = self.proc.pid
@@ -219,7 +220,11 @@ class DagsterProcess:
             self.proc.wait(timeout=STOP_SECONDS)
         deadline = time.monotonic() + STOP_SECONDS
         while time.monotonic() < deadline and live_members(pgid):
-            time.sleep(0.2)
+            # A member started while the group was shutting down (``dagster dev`` may start a
+            # code server then) never saw the first SIGTERM: each round tells the group again.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGTERM)
+            time.sleep(1.0)
         left = live_members(pgid)
         self.stopped = True
         if left or self.proc.poll() is None:

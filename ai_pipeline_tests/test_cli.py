@@ -105,6 +105,38 @@ def test_demo_twice(dagster_home: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_demo_of_contract_review_pays_per_clause_and_keeps_its_own_results(
+    dagster_home: Path,
+) -> None:
+    """``demo --analysis contract_review`` analyses the sample contracts clause by clause (one
+    call per clause and one report each), in a results database of its own; a second demo
+    makes no call, and the other analysis's database is refused for it with one clear line."""
+    from ai_pipeline.analyses import CONTRACT_REVIEW
+    from ai_pipeline.documents import read_document
+
+    samples = sorted((EXAMPLES / "contract_review").iterdir())
+    calls = sum(len(CONTRACT_REVIEW.cut(read_document(p).text)) + 1 for p in samples)
+    first = cli("demo", "--analysis", "contract_review", "--json")
+    assert first.returncode == 0, first.stderr[-3000:]
+    report = json.loads(first.stdout)
+    assert report["counts"]["by_state"] == {"COMPLETED": len(samples)}
+    assert report["llm_requests"] == calls
+    assert {d["output"]["overall_risk"] for d in report["documents"]} <= {"high", "medium", "low"}
+    assert (dagster_home / "ai_pipeline.contract_review.sqlite").exists()
+
+    again = cli("demo", "--analysis", "contract_review", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["llm_requests"] == 0
+
+    shared = {**os.environ, "AI_PIPELINE_DATABASE_URL": f"sqlite:///{dagster_home / 'x.sqlite'}"}
+    assert cli("status", env=shared).returncode == 0  # the database now holds document_analysis
+    refused = cli("status", "--analysis", "contract_review", env=shared)
+    assert refused.returncode == 2
+    assert "holds the results of the analysis 'document_analysis'" in refused.stderr
+    assert refused.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
 def test_run_reports_failures_with_exit_code_1(
     dagster_home: Path, simulator, tmp_path: Path
 ) -> None:

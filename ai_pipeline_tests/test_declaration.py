@@ -263,3 +263,15 @@ def test_sections_may_keep_their_own_budget() -> None:
     declared = _ticket(sections=Sections(max_chars=200, reduce=Reduce(merge=lambda parts: None)))
     text = "\n\n".join(f"Paragraph {i} " + "word " * 30 for i in range(6))
     assert len(declared.cut(text, default_chars=100_000)) > 1
+
+
+def test_clauses_are_cut_at_the_highest_family_of_marks_a_contract_uses() -> None:
+    """第N条 contracts are cut at their articles, not at the numbered items inside them; markdown
+    headings that number clauses count as clauses."""
+    zh = (
+        "租赁合同\n\n第一条 租赁物业\n甲方出租。\n\n第二条 租金\n1. 每月一万元。\n2. 按季支付。\n\n"
+        "第三条 押金\n两个月租金。"
+    )
+    assert [s.title for s in CONTRACT_REVIEW.cut(zh)] == ["租赁合同", "第二条 租金", "第三条 押金"]
+    md = "# Agreement\n\nBetween A and B.\n\n## 1. Services\nDesign.\n\n## 2. Fees\n1) Net 30.\n"
+    assert [s.title for s in CONTRACT_REVIEW.cut(md)] == ["Agreement", "2. Fees"]

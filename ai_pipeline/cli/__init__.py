@@ -12,8 +12,10 @@ Exit codes: 0 success, 1 some documents failed, 2 a usage or configuration error
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from ai_pipeline.cli import backfill, batches, process, rehearsal, review, serve
 from ai_pipeline.cli.common import EXIT_USAGE
@@ -26,15 +28,50 @@ def build_parser() -> argparse.ArgumentParser:
         description="Idempotent, retry-safe LLM analysis of document collections on Dagster.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (process, backfill, review, batches, serve, rehearsal):
+    for group in (process, backfill, review, batches, serve):
         group.add_commands(sub)
+    # Every command of the pipeline works on one analysis; the rehearsal tools on none.
+    for command in sub.choices.values():
+        command.add_argument(
+            "--analysis",
+            metavar="NAME",
+            help="the analysis to work on: a built-in's name (document_analysis, "
+            "contract_review) or a Declaration's import path (default: AI_PIPELINE_ANALYSIS, "
+            "else document_analysis)",
+        )
+    rehearsal.add_commands(sub)
     return parser
+
+
+@contextmanager
+def _analysis(name: str | None) -> Iterator[None]:
+    """``--analysis`` as the setting it overrides, for this command only."""
+    if name is None:
+        yield
+        return
+    from ai_pipeline.analyses import resolve
+    from ai_pipeline.declaration import DeclarationError
+
+    try:
+        resolve(name)
+    except DeclarationError as e:
+        raise InputError(f"--analysis: {e}") from None
+    before = os.environ.get("AI_PIPELINE_ANALYSIS")
+    os.environ["AI_PIPELINE_ANALYSIS"] = name
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("AI_PIPELINE_ANALYSIS", None)
+        else:
+            os.environ["AI_PIPELINE_ANALYSIS"] = before
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args))
+        with _analysis(getattr(args, "analysis", None)):
+            return int(args.func(args))
     except InputError as e:  # usage, configuration, a request that does not fit: one line
         print(f"ai-pipeline: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -37,10 +37,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from ai_pipeline import analyses
     from ai_pipeline.rehearsal.faults import SimulatorConfig
     from ai_pipeline.rehearsal.simulator import SimulatorServer
+    from ai_pipeline.settings import Settings
 
-    inbox = Path(args.inbox)
+    analysis = Settings.load().analysis
+    # Each built-in analysis has its sample folder: examples/inbox, examples/<name>.
+    default = "examples/inbox" if analysis == analyses.DEFAULT.name else f"examples/{analysis}"
+    inbox = Path(args.inbox or default)
     if not inbox.is_dir():
         raise UsageError(f"inbox {inbox} is not a directory (run the demo from the checkout)")
     with SimulatorServer(SimulatorConfig(latency_ms=args.latency_ms)) as simulator:
@@ -86,7 +91,9 @@ def add_commands(sub: Any) -> None:
         "call: every document is checkpointed.",
     )
     p.add_argument(
-        "--inbox", default="examples/inbox", help="folder to analyse (default: %(default)s)"
+        "--inbox",
+        help="folder to analyse (default: examples/inbox, or examples/<analysis> for another "
+        "built-in analysis)",
     )
     p.add_argument(
         "--latency-ms", type=int, default=50, help="simulated LLM latency (default: %(default)s)"

@@ -127,9 +127,15 @@ def evaluate(
     min_confidence: float = DEFAULT_MIN_CONFIDENCE,
     refusals: Iterable[str] = (),
     finish_reason: str | None = "stop",
+    refusal: str | None = None,
 ) -> Evaluation:
-    """Run the checks in order; a check that cannot run because an earlier one failed is omitted."""
+    """Run the checks in order; a check that cannot run because an earlier one failed is omitted.
+    ``refusal`` is what the endpoint reported as a refusal apart from the content."""
     ev = Evaluation()
+    if refusal:
+        message = f"the model refused: {refusal.strip()[:300]}"
+        ev.outcomes.append(CheckOutcome("refusal", False, message, Category.MODEL_REFUSAL))
+        return ev
     refusals = tuple(refusals)
     # A reply that is not JSON and holds a refusal phrase is a refusal even if the document says
     # the same words (a document may ask the model to answer "I don't know").

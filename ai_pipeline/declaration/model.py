@@ -206,6 +206,12 @@ class ModelSettings(BaseModel):
         default=None, description="The model; None: the endpoint's setting (AI_PIPELINE_MODEL)."
     )
     temperature: float | None = Field(default=0.0, ge=0.0, le=2.0)
+    response_format: Literal["json_schema", "json_object"] = Field(
+        default="json_schema",
+        description="'json_schema': Structured Outputs, the output model's schema enforced "
+        "by the endpoint (OpenAI, llama.cpp, vLLM, Ollama); 'json_object': JSON mode, for an "
+        "endpoint without them.",
+    )
     max_output_tokens: int | None = Field(
         default=None, ge=1, description="The reply's token limit; None: the pipeline's default."
     )
@@ -315,6 +321,7 @@ class Declaration(OutputChecks):
         finish_reason: str | None = "stop",
         min_confidence: float = DEFAULT_MIN_CONFIDENCE,
         reduce: bool = False,
+        refusal: str | None = None,
     ) -> Evaluation:
         """The checks of a reply: of a call over (a section of) the text, or of the reduce
         call; the declaration's own threshold, when it has one, before ``min_confidence``."""
@@ -334,7 +341,23 @@ class Declaration(OutputChecks):
             else min_confidence,
             refusals=self.refusal_phrases,
             finish_reason=finish_reason,
+            refusal=refusal,
         )
+
+    def response_format(self, *, reduce: bool = False) -> dict[str, Any]:
+        """The ``response_format`` of a call: the output model's (or the reduce call's) strict
+        schema, or JSON mode, as the model settings say."""
+        if self.model.response_format == "json_object":
+            return {"type": "json_object"}
+        model = self.output_model
+        name = self.name
+        if reduce:
+            assert self.reduce is not None and self.reduce.output_model is not None
+            model, name = self.reduce.output_model, f"{self.name}_reduce"
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": name, "schema": strict_json_schema(model), "strict": True},
+        }
 
     def tag(self, *, reduce: bool = True) -> str:
         """The version part of this analysis's task ids: the version alone, or name, version and a

@@ -32,12 +32,18 @@ _MARK = re.compile(
     r"|第[一二三四五六七八九十百千\d]+[条章节])",
     re.MULTILINE,
 )
-# A clause of the top level: "7." / "7)" but not "7.2", "Article 7", "第七条".
-_CLAUSE = re.compile(
-    r"^[ \t]*(?:\d+[.)][ \t]+\S"
-    r"|(?:Article|Section|Clause|ARTICLE|SECTION|CLAUSE)[ \t]+[\dIVXLC]+\b"
-    r"|第[一二三四五六七八九十百千\d]+条)",
-    re.MULTILINE,
+# Clauses of the top level, by the family of marks a contract numbers them with, the highest
+# first: "第七条"; "Article 7" / "Section 7" / "Clause 7"; "7." / "7)" (not "7.2"), also as a
+# markdown heading ("## 7. Termination"). Where a higher family occurs, a lower one numbers the
+# items inside its clauses; where a family's marks are headings, its marks on plain lines do.
+_CLAUSES = (
+    re.compile(r"^[ \t]*(?:#{1,6}[ \t]+)?第[一二三四五六七八九十百千\d]+条", re.MULTILINE),
+    re.compile(
+        r"^[ \t]*(?:#{1,6}[ \t]+)?(?:Article|Section|Clause|ARTICLE|SECTION|CLAUSE)[ \t]+"
+        r"[\dIVXLC]+\b",
+        re.MULTILINE,
+    ),
+    re.compile(r"^[ \t]*(?:#{1,6}[ \t]+)?\d+[.)][ \t]+\S", re.MULTILINE),
 )
 _PARAGRAPH = re.compile(r"\n[ \t]*\n")
 _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+")
@@ -72,8 +78,15 @@ def split_sections(
 
 
 def _clauses(text: str, max_chars: int) -> list[Section]:
-    starts = [m.start() for m in _CLAUSE.finditer(text)]
-    if len(starts) < 2:
+    starts: list[int] = []
+    for marks in _CLAUSES:
+        found = list(marks.finditer(text))
+        # Marks that are headings number the clauses; the same marks on plain lines, their items.
+        headings = [m for m in found if m.group().lstrip().startswith("#")]
+        starts = [m.start() for m in (headings if len(headings) >= 2 else found)]
+        if len(starts) >= 2:
+            break
+    else:
         return split_sections(text, max_chars)
     # The preamble (title, parties) belongs to the first clause.
     bounds = zip([0, *starts[1:]], [*starts[1:], len(text)], strict=True)

@@ -26,8 +26,11 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
+import sqlalchemy as sa
+
 from ai_pipeline import analyses
 from ai_pipeline.declaration import Declaration
+from ai_pipeline.errors import InputError
 from ai_pipeline.store.batches import Batches
 from ai_pipeline.store.checkpoints import Checkpoints
 from ai_pipeline.store.database import DEFAULT_RETRY_SECONDS, Database, normalise_url, redact_url
@@ -37,6 +40,7 @@ from ai_pipeline.store.leases import Leases
 from ai_pipeline.store.results import Results
 from ai_pipeline.store.reviews import Reviews
 from ai_pipeline.store.spend import Spend
+from ai_pipeline.store.tables import store_info
 from ai_pipeline.store.tasks import TenantTasks
 
 if TYPE_CHECKING:
@@ -60,6 +64,7 @@ class Store:
         self.documents = Documents(self.db)
         self.checkpoints = Checkpoints(self.db)
         self.analysis = analysis
+        _hold(self.db, analysis.name)
         self.results = Results(self.db, analysis.document_model)
         self.events = Events(self.db)
         self.reviews = Reviews(self.db)
@@ -80,6 +85,25 @@ class Store:
     @property
     def dialect(self) -> str:
         return self.db.dialect
+
+
+class OtherAnalysis(InputError, ValueError):
+    """The results database holds another analysis's results."""
+
+
+def _hold(db: Database, name: str) -> None:
+    """Mark the database as holding ``name``'s results (a new one, or one from before analyses
+    were named), or refuse it when it holds another's: its results table has their columns."""
+    key = store_info.c.key == "analysis"
+    claim = db.insert(store_info).values(key="analysis", value=name)
+    db.write(lambda conn: conn.execute(claim.on_conflict_do_nothing(index_elements=["key"])))
+    held = db.read(lambda conn: conn.execute(sa.select(store_info.c.value).where(key)).scalar_one())
+    if held != name:
+        raise OtherAnalysis(
+            f"the results database {redact_url(db.url)} holds the results of the analysis "
+            f"{held!r}, not {name!r}: give each analysis a database of its own "
+            "(AI_PIPELINE_DATABASE_URL)"
+        )
 
 
 _stores: dict[str, Store] = {}

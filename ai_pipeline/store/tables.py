@@ -15,6 +15,7 @@
 - ``check_overrides``: stored outputs a reviewer accepted although a check failed.
 - ``submitter_messages``: the outbox of messages to whoever submitted a rejected document.
 - ``batches``: named sets of documents submitted together (the batch id is their content).
+- ``store_info``: which analysis the database holds the results of (one per database).
 - ``leases``: which run works on a task now, until when (one owner per task).
 - ``tenant_tasks``, ``tenant_uploads``, ``tenant_requests``: tasks submitted over HTTP, whose each
   is, the original bytes of a submitted PDF, and each tenant's requests per minute.
@@ -25,6 +26,14 @@ from typing import Any
 import sqlalchemy as sa
 
 metadata = sa.MetaData()
+
+# What the database is: the analysis whose results it holds (key "analysis").
+store_info = sa.Table(
+    "store_info",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
 
 documents = sa.Table(
     "documents",
