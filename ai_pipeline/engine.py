@@ -500,7 +500,13 @@ class Analyser:
         )
         try:
             response_format = self.analysis.response_format(reduce=reduce)
-            reply = await self.llm.analyse(task, messages, response_format=response_format, log=log)
+            reply = await self.llm.analyse(
+                task,
+                messages,
+                response_format=response_format,
+                settings=self.analysis.model,
+                log=log,
+            )
         except ClassifiedError as e:
             raise _StageError("llm_analysis", e.category, e.message, task) from e
         # A crash after this line never pays for the same call again.

@@ -31,6 +31,8 @@ from typing import Any, Protocol
 
 from opentelemetry import trace
 
+from ai_pipeline.declaration import ModelSettings
+from ai_pipeline.endpoints import request_parameters
 from ai_pipeline.failures import Category, ClassifiedError, category_for_status
 from ai_pipeline.redaction import redact, register_secret
 from ai_pipeline.retry import AttemptFailure, Log, NullLog, Retrier, RetryHook, parse_retry_after
@@ -71,6 +73,7 @@ class _Request:
 
     messages: Messages
     response_format: Mapping[str, Any]
+    settings: ModelSettings
 
 
 @dataclass(frozen=True)
@@ -316,11 +319,13 @@ class LLMClient:
         messages: Messages,
         *,
         response_format: Mapping[str, Any] | None = None,
+        settings: ModelSettings | None = None,
         log: Log | None = None,
     ) -> LLMReply:
         """One call under the retry policy; raises ClassifiedError when it cannot be had.
-        ``response_format`` is sent as given (JSON mode when None)."""
-        request = _Request(messages, response_format or JSON_MODE)
+        ``response_format`` is sent as given (JSON mode when None); the temperature, output limit
+        and reasoning effort follow ``settings`` and what the model accepts."""
+        request = _Request(messages, response_format or JSON_MODE, settings or ModelSettings())
         log = log or NullLog()
         self._fail_fast_if_open()
         if not self._proven:
@@ -424,18 +429,29 @@ class LLMClient:
             self._in_flight[task_id] += 1
             # Reserved only while in flight: a call waiting for a slot holds no budget.
             reservation = self.meter.reserve(task_id, self.model, messages) if self.meter else None
-            # Under a budget the reply may not be longer than the completion tokens reserved for
-            # it: what it costs then stays within the reservation.
-            limit = self.meter.max_completion_tokens if self.meter else None
+            # Every reply is bounded; under a budget by the completion tokens reserved for it:
+            # what it costs then stays within the reservation.
+            settings = request.settings
+            limit = settings.max_output_tokens
+            reserved = self.meter.max_completion_tokens if self.meter else None
+            if reserved is not None:
+                limit = reserved if limit is None else min(limit, reserved)
+            parameters = request_parameters(
+                self.model,
+                temperature=settings.temperature,
+                max_output_tokens=limit,
+                reasoning_effort=settings.reasoning_effort,
+                limit_parameter=settings.limit_parameter,
+                send_temperature=settings.send_temperature,
+            )
             started = time.monotonic()
             try:
                 completion = await self._client.chat.completions.create(
                     model=self.model,
                     messages=messages,  # type: ignore[arg-type,call-overload]
-                    temperature=0,
                     response_format=request.response_format,  # type: ignore[arg-type]
                     extra_headers={"Idempotency-Key": task_id},
-                    **({"max_tokens": limit} if limit is not None else {}),
+                    **parameters,
                 )
             except BaseException as e:  # a cancelled call releases its reservation too
                 self._landed(task_id)

@@ -213,8 +213,17 @@ class ModelSettings(BaseModel):
         "endpoint without them.",
     )
     max_output_tokens: int | None = Field(
-        default=None, ge=1, description="The reply's token limit; None: the pipeline's default."
+        default=None,
+        ge=1,
+        description="The reply's token limit (reasoning included, for a reasoning model); None: "
+        "the default of the model's family (ai_pipeline.endpoints).",
     )
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = Field(
+        default=None, description="Sent to a reasoning model; None: the endpoint's default."
+    )
+    # Overrides of the table of model families, for an endpoint it does not know.
+    limit_parameter: Literal["max_tokens", "max_completion_tokens"] | None = None
+    send_temperature: bool | None = None
 
 
 class Declaration(OutputChecks):
