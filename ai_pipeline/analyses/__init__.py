@@ -15,6 +15,7 @@ from ai_pipeline.declaration import Declaration, DeclarationError
 BUILTINS: dict[str, Declaration] = {d.name: d for d in (DOCUMENT_ANALYSIS, CONTRACT_REVIEW)}
 # The analysis of a deployment that names none.
 DEFAULT = DOCUMENT_ANALYSIS
+_IMPORT = TypeAdapter(ImportString)
 
 
 def resolve(name_or_path: str) -> Declaration:
@@ -27,7 +28,7 @@ def resolve(name_or_path: str) -> Declaration:
             "import path of a Declaration (package.module:NAME)"
         )
     try:
-        found = TypeAdapter(ImportString).validate_python(name_or_path)
+        found = _IMPORT.validate_python(name_or_path)
     except ValidationError as e:
         raise DeclarationError(f"analysis {name_or_path!r}: {e.errors()[0]['msg']}") from None
     if not isinstance(found, Declaration):

@@ -14,6 +14,7 @@ a string or a list of strings, an import path that does not resolve.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import types
@@ -356,38 +357,54 @@ class Declaration(OutputChecks):
     def response_format(self, *, reduce: bool = False) -> dict[str, Any]:
         """The ``response_format`` of a call: the output model's (or the reduce call's) strict
         schema, or JSON mode, as the model settings say."""
-        if self.model.response_format == "json_object":
-            return {"type": "json_object"}
-        model = self.output_model
-        name = self.name
-        if reduce:
-            assert self.reduce is not None and self.reduce.output_model is not None
-            model, name = self.reduce.output_model, f"{self.name}_reduce"
-        return {
-            "type": "json_schema",
-            "json_schema": {"name": name, "schema": strict_json_schema(model), "strict": True},
-        }
+        return _response_format(self, reduce)
 
     def tag(self, *, reduce: bool = True) -> str:
         """The version part of this analysis's task ids: the version alone, or name, version and a
         fingerprint of what shapes the replies (with the reduce, or of the per-section calls)."""
-        if not self.fingerprint:
-            return self.version
-        shape: dict[str, Any] = {
-            "instructions": self.instructions,
-            "schema": strict_json_schema(self.output_model),
-            "model": self.model.model_dump(),
-            "cut": None if self.sections is None else [self.sections.cut, self.sections.max_chars],
-        }
-        if reduce and self.sections is not None:
-            r = self.sections.reduce
-            shape["reduce"] = (
-                [r.instructions, strict_json_schema(r.output_model)]
-                if r.output_model is not None
-                else f"{r.merge.__module__}.{r.merge.__qualname__}"  # type: ignore[union-attr]
-            )
-        digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:8]
-        return f"{self.name}.{self.version}.{digest}"
+        return _tag(self, reduce)
+
+
+# Both are asked for every call and every document: made once per declaration (a frozen model,
+# hashed by its values, so a changed copy is another key).
+
+
+@functools.lru_cache(maxsize=256)
+def _response_format(declaration: Declaration, reduce: bool) -> dict[str, Any]:
+    if declaration.model.response_format == "json_object":
+        return {"type": "json_object"}
+    model = declaration.output_model
+    name = declaration.name
+    if reduce:
+        assert declaration.reduce is not None and declaration.reduce.output_model is not None
+        model, name = declaration.reduce.output_model, f"{declaration.name}_reduce"
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": name, "schema": strict_json_schema(model), "strict": True},
+    }
+
+
+@functools.lru_cache(maxsize=256)
+def _tag(declaration: Declaration, reduce: bool) -> str:
+    if not declaration.fingerprint:
+        return declaration.version
+    shape: dict[str, Any] = {
+        "instructions": declaration.instructions,
+        "schema": strict_json_schema(declaration.output_model),
+        "model": declaration.model.model_dump(),
+        "cut": None
+        if declaration.sections is None
+        else [declaration.sections.cut, declaration.sections.max_chars],
+    }
+    if reduce and declaration.reduce is not None:
+        r = declaration.reduce
+        shape["reduce"] = (
+            [r.instructions, strict_json_schema(r.output_model)]
+            if r.output_model is not None
+            else f"{r.merge.__module__}.{r.merge.__qualname__}"  # type: ignore[union-attr]
+        )
+    digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{declaration.name}.{declaration.version}.{digest}"
 
 
 def explain(error: ValidationError, name: object = None) -> str:

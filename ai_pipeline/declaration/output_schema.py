@@ -10,6 +10,7 @@ of a declaration built from it) changes only when the shape of the output does.
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 from pydantic import BaseModel
@@ -17,8 +18,10 @@ from pydantic import BaseModel
 _DROPPED = ("default", "title")
 
 
+@functools.cache
 def strict_json_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The model's JSON schema with every object closed and every property required."""
+    """The model's JSON schema with every object closed and every property required. Made once
+    per model (pydantic takes milliseconds to generate it) and shared: never change it."""
     schema = copy.deepcopy(model.model_json_schema())
     _close(schema)
     return schema
