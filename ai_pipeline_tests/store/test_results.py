@@ -144,3 +144,57 @@ def test_stale_is_decided_by_task_id_not_by_the_served_model_name(store: Store) 
         "v1 / gpt-4o-mini-2024-07-18": 1,
         "v2 / gpt-4o-2024-08-06": 1,
     }
+
+
+@pytest.fixture
+def fresh_url(backend: str, tmp_path, request: pytest.FixtureRequest) -> str:
+    """A database no test used yet, on the parametrized backend."""
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'fresh.sqlite'}"
+    dbs = request.getfixturevalue("postgres_databases")
+    return str(dbs.url(dbs.create("results")))
+
+
+def test_an_analysis_fields_are_sql_columns_on_either_backend(fresh_url: str) -> None:
+    """contract_review's output fields are columns of their own: SQL filters on them, and the
+    clauses' reviews come back beside the report."""
+    import sqlalchemy as sa
+
+    from ai_pipeline.analyses import CONTRACT_REVIEW
+
+    store = Store(fresh_url, analysis=CONTRACT_REVIEW)
+    try:
+        rows = [
+            ResultRow(
+                document_id=f"c{i}",
+                output={"overall_risk": risk, "summary": f"report {i}", "confidence": 0.8},
+                task_id=f"c{i}-analyse-x-y",
+                model="m",
+                prompt_version=CONTRACT_REVIEW.tag(),
+                sources=[f"c{i}.txt"],
+                prompt_tokens=1,
+                completion_tokens=1,
+                sections=[{"index": 1, "title": "1. Term", "output": {"risk_level": risk}}],
+            )
+            for i, risk in enumerate(["high", "low", "high"])
+        ]
+        store.results.upsert(rows)
+        table = store.results.table
+        query = sa.select(table.c.document_id).where(table.c.overall_risk == "high")
+        assert sorted(r.document_id for r in store.db.rows(query)) == ["c0", "c2"]
+        assert isinstance(table.c.confidence.type, sa.Float)
+        (got,) = store.results.get(["c1"])
+        assert got.output == rows[1].output and got.sections == rows[1].sections
+    finally:
+        store.db.dispose()
+
+
+def test_a_database_refuses_another_analysis(fresh_url: str) -> None:
+    """A results database records the analysis it holds; another analysis is refused with a
+    message naming both, before anything is written."""
+    from ai_pipeline.analyses import CONTRACT_REVIEW
+    from ai_pipeline.store import OtherAnalysis
+
+    Store(fresh_url).db.dispose()
+    with pytest.raises(OtherAnalysis, match="'document_analysis', not 'contract_review'"):
+        Store(fresh_url, analysis=CONTRACT_REVIEW)
