@@ -69,7 +69,9 @@ SETTINGS: dict[str, Setting] = {
         "AI_PIPELINE_API_KEY_COMMAND", None, "command printing a fresh API key after a 401/403"
     ),
     "documents_per_run": Setting(
-        "AI_PIPELINE_DOCUMENTS_PER_RUN", 25, "documents in one run (sensor, CLI and backfills)"
+        "AI_PIPELINE_DOCUMENTS_PER_RUN",
+        25,
+        "documents in one run of the sensor or the CLI (backfills: AI_PIPELINE_BACKFILL_RUN_SIZE)",
     ),
     "max_document_bytes": Setting(
         "AI_PIPELINE_MAX_DOCUMENT_BYTES",
