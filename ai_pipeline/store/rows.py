@@ -249,7 +249,7 @@ class ReviewItem:
 
 @dataclass(frozen=True)
 class QuarantinedOutput:
-    """An LLM output whose grounded fields named what is not in the document: kept for audit, never used."""
+    """An LLM output whose grounded values are not in the document: kept for audit, never used."""
 
     task_id: str
     document_id: str
