@@ -1,0 +1,81 @@
+"""Review-page thumbnails within a fixed pixel budget: the page box is checked before anything is
+rendered, both sides are bounded, renderings are cached and time-limited; and a tall, thin PDF of a
+few hundred bytes opened on a served review page costs the serving process almost nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+
+from PIL import Image
+
+from ai_pipeline.service.thumbnails import (
+    MAX_HEIGHT,
+    MAX_WIDTH,
+    Thumbnails,
+    fit,
+    placeholder,
+    render_first_page,
+)
+from ai_pipeline_tests.service.conftest import pdf_with_page
+
+
+def size(png: bytes) -> tuple[int, int]:
+    return Image.open(io.BytesIO(png)).size  # type: ignore[no-any-return]
+
+
+def test_every_page_box_fits_the_budget_or_is_not_rendered() -> None:
+    """Letter, tall, wide and tiny boxes scale to within 240 × 320; degenerate, infinite and
+    too-thin boxes get no scale at all (nothing is rendered for them)."""
+    for width, height in [(612, 792), (100, 1000), (2000, 100), (3, 4), (14400, 14400)]:
+        scale = fit(width, height)
+        assert scale is not None, (width, height)
+        assert width * scale <= MAX_WIDTH + 1e-6 and height * scale <= MAX_HEIGHT + 1e-6
+    for width, height in [
+        (1, 14400),
+        (16, 14400),
+        (14400, 1),
+        (0, 100),
+        (-5, 100),
+        (float("inf"), 100),
+        (float("nan"), 100),
+    ]:
+        assert fit(width, height) is None, (width, height)
+
+
+def test_a_tall_thin_first_page_is_not_rendered_and_an_ordinary_one_is_bounded() -> None:
+    """The 1 × 14,400-point page (once a 240 × 3,456,000-pixel rendering) and the 16 × 14,400
+    one are refused before rendering; a letter page and a tall 100 × 1,000 one render within the
+    budget; a broken file is refused too."""
+    assert render_first_page(pdf_with_page(1, 14400)) is None
+    assert render_first_page(pdf_with_page(16, 14400)) is None
+    assert size(render_first_page(pdf_with_page(612, 792)) or b"") == (240, 311)
+    assert size(render_first_page(pdf_with_page(100, 1000)) or b"") == (32, 320)
+    assert render_first_page(b"%PDF-1.4 not really") is None
+    assert size(placeholder()) == (MAX_WIDTH, MAX_HEIGHT)
+
+
+def test_renderings_are_cached_and_a_slow_one_gets_the_placeholder() -> None:
+    """Each document is rendered once however often it is asked for; a rendering that outlasts
+    the time limit answers the placeholder (and is not cached as one); no PDF, no thumbnail."""
+    calls: list[bytes] = []
+    release = threading.Event()
+
+    def render(data: bytes) -> bytes | None:
+        calls.append(data)
+        if data == b"slow":
+            release.wait(10)
+        return b"png:" + data
+
+    thumbnails = Thumbnails(render, seconds=0.2)
+
+    async def scenario() -> None:
+        assert await thumbnails.png("a", lambda: b"fast") == b"png:fast"
+        assert await thumbnails.png("a", lambda: b"fast") == b"png:fast"
+        assert await thumbnails.png("b", lambda: b"slow") == placeholder()
+        release.set()
+        assert await thumbnails.png("c", lambda: None) is None
+
+    asyncio.run(scenario())
+    assert calls == [b"fast", b"slow"]
