@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 import threading
+import time
+from pathlib import Path
 
+import httpx
+import pytest
 from PIL import Image
 
+from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.service.thumbnails import (
     MAX_HEIGHT,
     MAX_WIDTH,
@@ -18,7 +24,13 @@ from ai_pipeline.service.thumbnails import (
     placeholder,
     render_first_page,
 )
-from ai_pipeline_tests.service.conftest import pdf_with_page
+from ai_pipeline_tests.dagster_procs import DagsterProcess
+from ai_pipeline_tests.service.conftest import (
+    OPERATOR_KEY,
+    auth,
+    failed_into_review,
+    pdf_with_page,
+)
 
 
 def size(png: bytes) -> tuple[int, int]:
@@ -79,3 +91,50 @@ def test_renderings_are_cached_and_a_slow_one_gets_the_placeholder() -> None:
 
     asyncio.run(scenario())
     assert calls == [b"fast", b"slow"]
+
+
+def vm_hwm_kib(pid: int) -> int:
+    """The process's peak resident memory (VmHWM), in KiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    assert found, status
+    return int(found.group(1))
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_tall_thin_pdf_on_the_review_page_costs_the_server_almost_nothing(
+    service: DagsterProcess, simulator: SimulatorServer
+) -> None:
+    """A tenant uploads a 1 × 14,400-point PDF of a few hundred bytes; when it is in front of a
+    person and an operator opens the review page (and with it the thumbnail), the serving
+    process's peak memory grows by less than 50 MB, the page and its image each answer within
+    2 s, and the image is the placeholder."""
+    thin = pdf_with_page(1, 14400)
+    assert len(thin) < 1000
+    submitted = httpx.post(
+        f"{service.url}/api/v1/tasks",
+        files={"file": ("thin.pdf", thin, "application/pdf")},
+        headers=auth("acme"),
+        timeout=30,
+    )
+    assert submitted.status_code == 202, submitted.text
+    document_id = failed_into_review("acme", submitted.json()["task_id"])
+    assert service.proc is not None
+    pid = service.proc.pid
+    before = vm_hwm_kib(pid)
+
+    operator = ("alice", OPERATOR_KEY)
+    started = time.perf_counter()
+    page = httpx.get(f"{service.url}/review", auth=operator, timeout=30)
+    page_seconds = time.perf_counter() - started
+    assert page.status_code == 200, page.text
+    images = re.findall(r'<img class="thumbnail"[^>]* src="([^"]+)"', page.text)
+    assert images == [f"{service.url}/review/{document_id}/thumbnail.png"], images
+    started = time.perf_counter()
+    image = httpx.get(images[0], auth=operator, timeout=30)
+    image_seconds = time.perf_counter() - started
+    assert image.status_code == 200 and image.content == placeholder()
+
+    grown_mb = (vm_hwm_kib(pid) - before) / 1024
+    assert grown_mb < 50, f"the serving process's peak grew by {grown_mb:.0f} MB"
+    assert page_seconds < 2 and image_seconds < 2, (page_seconds, image_seconds)
