@@ -45,7 +45,7 @@ from ai_pipeline.failures import Category
 from ai_pipeline.review import MODEL_LAYER, WEB_REVIEWER, approve, open_items, reject
 from ai_pipeline.service.inputs import DOCUMENT_ID_PATTERN, unstorable
 from ai_pipeline.service.tenants import Tenants
-from ai_pipeline.service.thumbnails import Thumbnails
+from ai_pipeline.service.thumbnails import Thumbnails, placeholder
 from ai_pipeline.store import Store
 from ai_pipeline.store.rows import Decision, ReviewItem, ReviewStatus
 from ai_pipeline.tasks import SUBMITTED
@@ -208,6 +208,8 @@ def build_review_router(
         if item is not None:
             found = item
             png = await thumbnails.png(document_id, lambda: _original(store, found))
+            if png is None and await asyncio.to_thread(_has_original, store, found):
+                png = placeholder()  # the file changed or went since the page was drawn
         if png is None:
             raise HTTPException(404, f"no thumbnail for {document_id}")
         return Response(png, media_type="image/png", headers={"Cache-Control": "private"})
@@ -257,12 +259,22 @@ def _row(store: Store, item: ReviewItem, secret: bytes, now: float) -> dict[str,
         "category": item.category.value,
         "error": item.error,
         "submitted": item.created_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        "thumbnail": _original(store, item) is not None,
+        "thumbnail": _has_original(store, item),
         "first_lines": "\n".join(snapshot.first_characters.splitlines()[:FIRST_LINES]),
         "model_layer": item.category in MODEL_LAYER,
         "token": form_token(secret, item.document_id, now),
         "open": item.status == ReviewStatus.OPEN,
     }
+
+
+def _has_original(store: Store, item: ReviewItem) -> bool:
+    """Whether the item may have a first page to show, without reading a PDF's bytes (the page
+    lists every item; the thumbnail's own request reads and checks them)."""
+    if item.snapshot.kind != "pdf":
+        return False
+    if item.snapshot.source.startswith(SUBMITTED):
+        return store.tasks.has_original(item.document_id)
+    return Path(item.snapshot.source).is_file()
 
 
 def _original(store: Store, item: ReviewItem) -> bytes | None:
