@@ -59,7 +59,7 @@ def test_a_form_drawn_by_one_process_is_decided_through_another_and_after_a_rest
     """Two ``serve`` processes on one results database: an item's Reject form drawn by the first
     is decided through the second, and sending it again (through either) answers the same
     redirect; a page drawn before a restart still approves an item through the restarted
-    process."""
+    process, and an Approve sent twice is the one approval."""
     with serving(tmp_path / "a.log") as a, serving(tmp_path / "b.log") as b:
         first = submit_text(a.url, "acme", sample_text(8001))
         rejected = failed_into_review("acme", first)
@@ -92,6 +92,11 @@ def test_a_form_drawn_by_one_process_is_decided_through_another_and_after_a_rest
         assert decided.status_code == 303, decided.text
         assert decided.headers["location"] == (
             f"{restarted.url}/review?done=approved&item={approved}"
+        )
+        twice = post(restarted.url, drawn["approve"], token=drawn["token"])
+        assert (twice.status_code, twice.headers.get("location")) == (
+            303,
+            decided.headers["location"],
         )
         notice = httpx.get(decided.headers["location"], auth=OPERATOR, timeout=30)
         assert f"approved {approved} (retry): re-submitted under task {second}" in notice.text
