@@ -4,8 +4,8 @@ Any tenant can upload a PDF, and its first page's box says how large a rendering
 point wide and 14,400 high, scaled to a fixed width, is billions of pixels. So the page box is read
 first and the page is scaled to fit ``MAX_WIDTH`` × ``MAX_HEIGHT`` (both bounded); a box that is
 not finite, not positive, or so thin that it would be under ``MIN_SIDE`` pixels across, is not
-rendered at all. Rendering happens in a worker thread, one at a time (pdfium is not thread-safe),
-within ``RENDER_SECONDS``; whatever cannot be rendered within the budget — that box, a broken file,
+rendered at all. Rendering happens in a thread of its own, one at a time (pdfium is not
+thread-safe), within ``RENDER_SECONDS``, with at most ``RENDER_BACKLOG`` waiting; whatever cannot be rendered within the budget — that box, a broken file,
 a page that takes too long — gets the placeholder. Renderings are cached by document id (a
 document's bytes never change under its id), so a page that shows every thumbnail at once
 renders each of them once.
@@ -19,6 +19,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 
 MAX_WIDTH = 240
@@ -26,6 +27,7 @@ MAX_HEIGHT = 320
 MIN_SIDE = 8
 RENDER_SECONDS = 5.0
 CACHE_ENTRIES = 256
+RENDER_BACKLOG = 4
 
 # pdfium keeps global state: one rendering at a time in this process.
 _PDFIUM = threading.Lock()
@@ -92,7 +94,12 @@ def placeholder() -> bytes:
 
 
 class Thumbnails:
-    """Cached first-page renderings, each made off the event loop within the time limit."""
+    """Cached first-page renderings, made off the event loop within the time limit.
+
+    Renderings run in a thread of their own, one at a time, so that a slow one never holds the
+    worker threads the service's database calls use; at most ``backlog`` wait for it (each holds a
+    PDF's bytes), and a request past that answers the placeholder at once.
+    """
 
     def __init__(
         self,
@@ -100,12 +107,16 @@ class Thumbnails:
         *,
         seconds: float = RENDER_SECONDS,
         entries: int = CACHE_ENTRIES,
+        backlog: int = RENDER_BACKLOG,
     ):
         self._render = render
         self._seconds = seconds
         self._entries = entries
+        self._backlog = backlog
+        self._pending = 0
         self._cache: OrderedDict[str, bytes | None] = OrderedDict()
         self._lock = threading.Lock()
+        self._renderer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="thumbnails")
 
     async def png(self, key: str, original: Callable[[], bytes | None]) -> bytes | None:
         """The thumbnail of the PDF that ``original`` reads (in a worker thread), cached under
@@ -115,17 +126,36 @@ class Thumbnails:
                 self._cache.move_to_end(key)
                 rendered = self._cache[key]
                 return placeholder() if rendered is None else rendered
-        data = await asyncio.to_thread(original)
-        if data is None:
-            return None
+            if self._pending >= self._backlog:
+                return placeholder()  # not cached: a busy moment is not the page's fault
+            self._pending += 1
         try:
-            rendered = await asyncio.wait_for(
-                asyncio.to_thread(self._render, data), timeout=self._seconds
-            )
+            data = await asyncio.to_thread(original)
+        except BaseException:
+            self._done()
+            raise
+        if data is None:
+            self._done()
+            return None
+        job = asyncio.get_running_loop().run_in_executor(self._renderer, self._render, data)
+        # Counted until the rendering really ends, whether or not anyone still waits for it.
+        job.add_done_callback(lambda _: self._done())
+        try:
+            rendered = await asyncio.wait_for(asyncio.shield(job), timeout=self._seconds)
         except asyncio.TimeoutError:
-            return placeholder()  # not cached: a busy moment is not the page's fault
+            return placeholder()
         with self._lock:
             self._cache[key] = rendered
             while len(self._cache) > self._entries:
                 self._cache.popitem(last=False)
         return placeholder() if rendered is None else rendered
+
+    @property
+    def pending(self) -> int:
+        """Renderings asked for and not ended yet (running or waiting)."""
+        with self._lock:
+            return self._pending
+
+    def _done(self) -> None:
+        with self._lock:
+            self._pending -= 1

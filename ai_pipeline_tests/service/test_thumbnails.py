@@ -9,6 +9,7 @@ import io
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -70,27 +71,47 @@ def test_a_tall_thin_first_page_is_not_rendered_and_an_ordinary_one_is_bounded()
 
 def test_renderings_are_cached_and_a_slow_one_gets_the_placeholder() -> None:
     """Each document is rendered once however often it is asked for; a rendering that outlasts
-    the time limit answers the placeholder (and is not cached as one); no PDF, no thumbnail."""
+    the time limit answers the placeholder (and is not cached as one); while renderings are
+    backed up, a request past the backlog answers the placeholder without reading its PDF; no
+    PDF, no thumbnail."""
     calls: list[bytes] = []
+    read: list[str] = []
     release = threading.Event()
 
     def render(data: bytes) -> bytes | None:
         calls.append(data)
-        if data == b"slow":
+        if data.startswith(b"slow"):
             release.wait(10)
         return b"png:" + data
 
-    thumbnails = Thumbnails(render, seconds=0.2)
+    def original(data: bytes | None) -> Callable[[], bytes | None]:
+        def read_it() -> bytes | None:
+            read.append(repr(data))
+            return data
+
+        return read_it
+
+    thumbnails = Thumbnails(render, seconds=1.0, backlog=2)
 
     async def scenario() -> None:
-        assert await thumbnails.png("a", lambda: b"fast") == b"png:fast"
-        assert await thumbnails.png("a", lambda: b"fast") == b"png:fast"
-        assert await thumbnails.png("b", lambda: b"slow") == placeholder()
+        assert await thumbnails.png("a", original(b"fast")) == b"png:fast"
+        assert await thumbnails.png("a", original(b"fast")) == b"png:fast"
+        assert await thumbnails.png("b", original(b"slow 1")) == placeholder()
+        assert await thumbnails.png("c", original(b"slow 2")) == placeholder()
+        # Two renderings still running or waiting: the backlog is full.
+        assert await thumbnails.png("d", original(b"never read")) == placeholder()
+        assert thumbnails.pending == 2
         release.set()
-        assert await thumbnails.png("c", lambda: None) is None
+        for _ in range(1000):  # the backed-up renderings end (within 10 s on any machine)
+            if not thumbnails.pending:
+                break
+            await asyncio.sleep(0.01)
+        assert await thumbnails.png("e", original(None)) is None
+        assert await thumbnails.png("b", original(b"slow 1")) == b"png:slow 1"
 
     asyncio.run(scenario())
-    assert calls == [b"fast", b"slow"]
+    assert calls == [b"fast", b"slow 1", b"slow 2", b"slow 1"]
+    assert "b'never read'" not in read
 
 
 def vm_hwm_kib(pid: int) -> int:
