@@ -27,7 +27,7 @@ from ai_pipeline_tests.service.conftest import (
 from ai_pipeline_tests.service.test_api import read_stream, sse_events
 from ai_pipeline_tests.support import results_store, sample_text
 
-pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+SQLITE = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 OPERATOR = ("alice", OPERATOR_KEY)
 
 
@@ -56,9 +56,9 @@ def post(url: str, action: str, **fields: str) -> httpx.Response:
 def test_a_form_drawn_by_one_process_is_decided_through_another_and_after_a_restart(
     tmp_path: Path, dagster_home: Path, tenants_file: Path
 ) -> None:
-    """Two ``serve`` processes on one results database: an item's Reject form drawn by the first
-    is decided through the second, and sending it again (through either) answers the same
-    redirect; a page drawn before a restart still approves an item through the restarted
+    """Two ``serve`` processes on one results database (SQLite, PostgreSQL): an item's Reject
+    form drawn by the first is decided through the second, and sending it again (through
+    either) answers the same redirect; a page drawn before a restart still approves an item through the restarted
     process, and an Approve sent twice is the one approval."""
     with serving(tmp_path / "a.log") as a, serving(tmp_path / "b.log") as b:
         first = submit_text(a.url, "acme", sample_text(8001))
@@ -104,6 +104,7 @@ def test_a_form_drawn_by_one_process_is_decided_through_another_and_after_a_rest
     assert item is not None and item.status == ReviewStatus.APPROVED
 
 
+@SQLITE
 def test_a_rejection_reaches_the_submitter_through_get_and_the_event_stream(
     service: DagsterProcess,
 ) -> None:
@@ -139,6 +140,7 @@ def test_a_rejection_reaches_the_submitter_through_get_and_the_event_stream(
     assert listed["tasks"][0]["review"] == review
 
 
+@SQLITE
 def test_redirects_name_the_item_and_notices_come_from_a_fixed_set(
     service: DagsterProcess,
 ) -> None:
@@ -173,6 +175,7 @@ def test_redirects_name_the_item_and_notices_come_from_a_fixed_set(
     assert "secret-reason-text" in shown.text  # from the store: the message the submitter got
 
 
+@SQLITE
 def test_cancelling_a_task_closes_its_review_item(
     service: DagsterProcess, instance: dg.DagsterInstance
 ) -> None:
@@ -208,6 +211,7 @@ def test_cancelling_a_task_closes_its_review_item(
     assert store.reviews.get(approved).status == ReviewStatus.CANCELLED  # type: ignore[union-attr]
 
 
+@SQLITE
 @pytest.mark.parametrize("serve_args", [["--heartbeat-seconds", "1"]])
 def test_last_event_id_beyond_the_end_is_nothing_new(service: DagsterProcess) -> None:
     """A queued task's stream resumed with a ``Last-Event-ID`` past its events (a stale id, a
