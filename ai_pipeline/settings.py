@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ai_pipeline import analyses
 from ai_pipeline.declaration import DEFAULT_MIN_CONFIDENCE, Declaration, DeclarationError
@@ -162,6 +163,12 @@ SETTINGS: dict[str, Setting] = {
         "http://127.0.0.1:3000",
         "the Dagster UI, for the run links `ai-pipeline serve` hands out",
     ),
+    "public_url": Setting(
+        "AI_PIPELINE_PUBLIC_URL",
+        None,
+        "where clients reach `ai-pipeline serve` (its poll/SSE URLs and the review page's links); "
+        "unset: paths, never the request's Host",
+    ),
 }
 
 
@@ -201,6 +208,7 @@ class Settings:
     json_log: str | None
     tenants_file: str | None
     dagster_url: str
+    public_url: str | None = None
 
     @classmethod
     def load(cls, **overrides: Any) -> Settings:
@@ -250,6 +258,11 @@ class Settings:
         if self.db_retry_seconds < 0 or self.claim_wait_seconds < 0:
             raise SettingsError(
                 "AI_PIPELINE_DB_RETRY_SECONDS and AI_PIPELINE_CLAIM_WAIT_SECONDS must be ≥ 0"
+            )
+        public = urlsplit(self.public_url or "http://x")
+        if public.scheme not in ("http", "https") or not public.netloc or public.query:
+            raise SettingsError(
+                f"AI_PIPELINE_PUBLIC_URL must be an http(s) URL, not {self.public_url!r}"
             )
 
 

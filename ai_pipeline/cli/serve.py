@@ -16,7 +16,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ai_pipeline.service.app import HEARTBEAT_SECONDS, create_app
     from ai_pipeline.settings import Settings
 
-    overrides = {"tenants_file": args.tenants_file} if args.tenants_file else {}
+    overrides = {"tenants_file": args.tenants_file, "public_url": args.public_url}
     heartbeat = HEARTBEAT_SECONDS if args.heartbeat_seconds is None else args.heartbeat_seconds
     app = create_app(Settings.load(**overrides), heartbeat_seconds=heartbeat)
     # Open event streams would hold a graceful shutdown for ever: they get a few seconds.
@@ -45,6 +45,11 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--port", type=int, default=8080, help="port (default: %(default)s)")
     p.add_argument(
         "--tenants-file", help="tenants and API keys (default: AI_PIPELINE_TENANTS_FILE)"
+    )
+    p.add_argument(
+        "--public-url",
+        help="where clients reach the service, e.g. https://pipeline.example.com (the URLs it "
+        "hands out start with it; default: AI_PIPELINE_PUBLIC_URL, else paths)",
     )
     p.add_argument(
         "--heartbeat-seconds",

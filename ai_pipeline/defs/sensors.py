@@ -150,6 +150,12 @@ def approvals_sensor(
         if (i.decided_by or "").startswith(WEB_REVIEWER)
     ]
     docs = {d.document_id: d for d in store.documents.rows([i.document_id for i in approved])}
+    # An approved document whose task was cancelled since is never run again: its item is
+    # closed, once, rather than re-submitted (and logged) every tick.
+    for i in approved:
+        doc = docs.get(i.document_id)
+        if doc is not None and doc.state == State.CANCELLED and store.reviews.cancel(i.document_id):
+            context.log.info(f"[TASK:{i.task_id}] approved, then cancelled: not re-submitted")
     # One run per approval (its time is in the key); none while the document is being analysed.
     requests = [
         dg.RunRequest(
@@ -159,7 +165,7 @@ def approvals_sensor(
         )
         for i in approved
         if i.document_id in docs
-        and docs[i.document_id].state not in (State.RUNNING, State.COMPLETED)
+        and docs[i.document_id].state not in (State.RUNNING, State.COMPLETED, State.CANCELLED)
     ]
     if not requests:
         return dg.SkipReason("no approval from the review page waits for its run")

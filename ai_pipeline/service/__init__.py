@@ -7,6 +7,9 @@ partitions and runs, so the work runs as Dagster runs (in the UI, through the ru
 the web process; ``GET /api/v1/tasks/{id}`` and its server-sent events follow the document's state.
 
 - ``tenants``: the tenants file, keys and per-tenant limits.
-- ``progress``: a task's state, progress and result, read from the store.
+- ``progress``: a task's state, progress and result (or a reviewer's rejection), from the store.
+- ``inputs``: what a request may carry: id alphabets, storable text, name rules, bounded bodies.
+- ``review_page``: the review queue page and its signed forms.
+- ``thumbnails``: a PDF's first page within a fixed pixel budget, cached.
 - ``app``: the FastAPI application and its routes.
 """

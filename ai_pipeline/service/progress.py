@@ -2,8 +2,9 @@
 
 Everything is read from the results database, so any web process answers the same: the task's
 status (its document's state-machine state, as the API names it: ``TaskStatus``), how far its work
-got (its analysis checkpoint, its results row), and for a
-completed task the upserted analysis. Progress only grows while the task is live, which lets the
+got (its analysis checkpoint, its results row), for a
+completed task the upserted analysis, and for a task a reviewer rejected the standard message its
+submitter is sent (and that a person decided). Progress only grows while the task is live, which lets the
 event stream number its ``progress`` events by their value (``Last-Event-ID`` resumes after it).
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
-from ai_pipeline.store.rows import DocumentRow
+from ai_pipeline.store.rows import DocumentRow, ReviewStatus
 from ai_pipeline.store.tasks import TenantTask
 from ai_pipeline.tasks import SECTION_STEP_PREFIX
 
@@ -52,6 +53,24 @@ class TaskStatus(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class Rejection:
+    """A reviewer turned the task down: the standard message its submitter receives."""
+
+    message_zh: str
+    message_en: str
+    decided_at: datetime
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "decision": "rejected",
+            "decided_by": "person",
+            "decided_at": self.decided_at.isoformat(),
+            "message": self.message_zh,
+            "message_en": self.message_en,
+        }
+
+
+@dataclass(frozen=True)
 class TaskView:
     task: TenantTask
     doc: DocumentRow
@@ -60,6 +79,7 @@ class TaskView:
     result: dict[str, Any] | None
     completed_at: datetime | None
     sections_done: int = 0
+    rejection: Rejection | None = None
 
     @property
     def final(self) -> bool:
@@ -82,7 +102,16 @@ class TaskView:
             "sections": {"done": self.sections_done, "total": doc.sections or 1},
             "result": self.result,
             "category": doc.category.value if failed and doc.category else None,
-            "error": doc.last_error if failed else None,
+            # After a reviewer's rejection the submitter is told the standard message, not the
+            # failure a person has since looked at.
+            "error": (
+                f"{self.rejection.message_zh} / {self.rejection.message_en}"
+                if self.rejection
+                else doc.last_error
+            )
+            if failed
+            else None,
+            "review": self.rejection.as_json() if self.rejection else None,
             "created_at": self.task.created_at.isoformat(),
             "completed_at": self.completed_at.isoformat() if self.completed_at else None,
             "dagster_run_url": f"{dagster_url.rstrip('/')}/runs/{doc.run_id}"
@@ -133,4 +162,18 @@ def view(store: Store, task: TenantTask) -> TaskView:
         if doc.sections
         else int(doc.state == State.COMPLETED)
     )
-    return TaskView(task, doc, progress, step, result, completed_at, sections_done)
+    return TaskView(
+        task, doc, progress, step, result, completed_at, sections_done, rejection(store, doc)
+    )
+
+
+def rejection(store: Store, doc: DocumentRow) -> Rejection | None:
+    """The reviewer's rejection of the document, with the message its submitter was sent."""
+    if not doc.rejected_by_reviewer:
+        return None
+    item = store.reviews.get(doc.document_id)
+    messages = store.reviews.messages(doc.document_id)
+    if item is None or item.status != ReviewStatus.REJECTED or not messages:
+        return None
+    sent = messages[-1]
+    return Rejection(sent.message_zh, sent.message_en, item.updated_at)

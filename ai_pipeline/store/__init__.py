@@ -13,6 +13,7 @@ kind of thing stored:
 ``leases``          which run works on which task now: one owner per task
 ``tasks``           tasks submitted over HTTP and the tenant each belongs to
 ``spend``           the usage and cost of every LLM attempt; budgets reserved before each call
+``secrets``         secrets every web process on the database shares (the review forms' key)
 ==================  ==========================================================================
 
 Every call retries a lost connection for a while (``database``), then raises StoreUnavailable.
@@ -39,6 +40,7 @@ from ai_pipeline.store.events import Events
 from ai_pipeline.store.leases import Leases
 from ai_pipeline.store.results import Results
 from ai_pipeline.store.reviews import Reviews
+from ai_pipeline.store.secrets import Secrets
 from ai_pipeline.store.spend import Spend
 from ai_pipeline.store.tables import store_info
 from ai_pipeline.store.tasks import TenantTasks
@@ -72,6 +74,7 @@ class Store:
         self.leases = Leases(self.db)
         self.tasks = TenantTasks(self.db, self.documents)
         self.spend = Spend(self.db)
+        self.secrets = Secrets(self.db)
 
     def use(self, analysis: Declaration) -> None:
         """Work for a changed declaration of the same analysis (a new release of it): task ids

@@ -2,7 +2,8 @@
 
 A document that fails in a way only a person can settle gets one review item (a later failure of
 it updates the same item). A reviewer's decision moves the item from OPEN to APPROVED or REJECTED;
-an approved document that then completes moves it to RESOLVED. The flows that use these tables —
+an approved document that then completes moves it to RESOLVED; a cancelled task closes its open or
+approved item (CANCELLED). The flows that use these tables —
 approve, reject, resolve — are in ``ai_pipeline.review``.
 """
 
@@ -114,6 +115,22 @@ class Reviews:
                 .where(review_queue.c.document_id == document_id)
                 .where(review_queue.c.status == ReviewStatus.APPROVED.value)
                 .values(status=ReviewStatus.RESOLVED.value, updated_at=utcnow())
+            )
+        )
+
+    def cancel(self, document_id: str) -> bool:
+        """The document's task was cancelled: an item still open, or approved and not yet run
+        again, is closed (nothing left to decide or re-submit); True if one was."""
+        return bool(
+            self._execute(
+                sa.update(review_queue)
+                .where(review_queue.c.document_id == document_id)
+                .where(
+                    review_queue.c.status.in_(
+                        [ReviewStatus.OPEN.value, ReviewStatus.APPROVED.value]
+                    )
+                )
+                .values(status=ReviewStatus.CANCELLED.value, updated_at=utcnow())
             )
         )
 

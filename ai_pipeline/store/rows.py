@@ -26,12 +26,14 @@ def _category(value: str | None) -> Category | None:
 
 
 class ReviewStatus(str, enum.Enum):
-    """Where a review item stands: a person has it, decided it, or the approved rerun completed."""
+    """Where a review item stands: a person has it, decided it, or the approved rerun completed;
+    or its task was cancelled, which leaves nothing to decide (nor to re-submit)."""
 
     OPEN = "open"
     APPROVED = "approved"
     REJECTED = "rejected"
     RESOLVED = "resolved"
+    CANCELLED = "cancelled"
 
 
 class Decision(str, enum.Enum):

@@ -19,6 +19,7 @@
 - ``leases``: which run works on a task now, until when (one owner per task).
 - ``tenant_tasks``, ``tenant_uploads``, ``tenant_requests``: tasks submitted over HTTP, whose each
   is, the original bytes of a submitted PDF, and each tenant's requests per minute.
+- ``service_secrets``: secrets every process of a deployment shares (the review forms' signing key).
 """
 
 from typing import Any
@@ -253,6 +254,16 @@ tenant_requests = sa.Table(
     sa.Column("tenant_id", sa.String(64), primary_key=True),
     sa.Column("minute", sa.BigInteger, primary_key=True),  # minutes since the epoch, UTC
     sa.Column("count", sa.Integer, nullable=False),
+)
+
+# Secrets that every web process on this database must share and that outlive a restart (the key
+# that signs the review page's forms): the first process to need one creates it, the rest read it.
+service_secrets = sa.Table(
+    "service_secrets",
+    metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("value", sa.String(128), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )
 
 # Every LLM response that reported usage (and every request refused or lost, with none): what

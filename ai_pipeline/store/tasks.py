@@ -97,6 +97,13 @@ class TenantTasks:
         )
         return bytes(rows[0].data) if rows else None
 
+    def has_original(self, document_id: str) -> bool:
+        """Whether the uploaded bytes of a submitted document were kept (without reading them)."""
+        query = sa.select(tenant_uploads.c.document_id).where(
+            tenant_uploads.c.document_id == document_id
+        )
+        return bool(self.db.rows(query))
+
     def count_request(self, tenant_id: str, now: datetime | None = None) -> int:
         """Count one request of the tenant in the current clock minute (UTC) and return how many
         it has made in that minute, this one included. One ``INSERT … ON CONFLICT DO UPDATE SET

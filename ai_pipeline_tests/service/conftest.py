@@ -63,7 +63,8 @@ def service(
 @contextmanager
 def serving(log: Path, args: Sequence[str] = ()) -> Iterator[DagsterProcess]:
     """An ``ai-pipeline serve`` process on a free port, once it serves; stopped (with its process
-    group) at the end."""
+    group) at the end. Its public URL is where the tests reach it, unless ``args`` say otherwise
+    (``--public-url``, given again, wins)."""
     port = free_port()
     argv = [
         "python",
@@ -74,6 +75,8 @@ def serving(log: Path, args: Sequence[str] = ()) -> Iterator[DagsterProcess]:
         str(port),
         "--log-level",
         "warning",
+        "--public-url",
+        f"http://127.0.0.1:{port}",
         *args,
     ]
     process = DagsterProcess("ai-pipeline serve", argv, log, port=port)
@@ -90,3 +93,64 @@ def serving(log: Path, args: Sequence[str] = ()) -> Iterator[DagsterProcess]:
 
         wait_for(server, "the service to serve", serves, timeout=60)
         yield server
+
+
+def submit_text(url: str, tenant: str, text: str, name: str = "doc.txt") -> str:
+    """Submit ``text`` as the tenant's document; its task id."""
+    response = httpx.post(
+        f"{url}/api/v1/tasks",
+        json={"text": text, "name": name},
+        headers=auth(tenant),
+        timeout=30,
+    )
+    assert response.status_code in (200, 202), response.text
+    return str(response.json()["task_id"])
+
+
+def failed_into_review(tenant: str, task: str, error: str = "the endpoint refused it (400)") -> str:
+    """What a run does to a submitted task whose input the endpoint refuses, without the run:
+    its document FAILED (INPUT_QUALITY_ISSUE) and in front of a person. Its document id."""
+    from ai_pipeline.failures import Category
+    from ai_pipeline.review import send_to_review
+    from ai_pipeline.states import State
+    from ai_pipeline_tests.support import results_store
+
+    store = results_store()
+    submitted = store.tasks.get(tenant, task)
+    assert submitted is not None
+    document_id = submitted.document_id
+    for state in (State.QUEUED, State.RUNNING):
+        store.documents.transition(document_id, state)
+    category = Category.INPUT_QUALITY_ISSUE
+    store.documents.transition(document_id, State.FAILED, category=category, error=error)
+    doc = store.documents.load(document_id)
+    assert doc is not None
+    send_to_review(store, doc, category, error, task)
+    return document_id
+
+
+def pdf_with_page(width: float, height: float, text: str = "Tall thin page") -> bytes:
+    """A one-page PDF (a few hundred bytes) whose page box is ``width`` × ``height`` points,
+    with a line of text (so that it is a readable document)."""
+    stream = f"BT /F1 1 Tf 0 2 Td ({text}) Tj ET".encode()
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 {width} {height}] "
+        "/Resources << /Font << /F1 5 0 R >> >> /Contents 4 0 R >>".encode(),
+        b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for n, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % n + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        xref,
+    )
+    return bytes(out)

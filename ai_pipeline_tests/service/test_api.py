@@ -391,9 +391,11 @@ def read_stream(
     task: str,
     last_event_id: str | None = None,
     enough: Callable[[list[dict[str, Any]]], bool] = lambda events: False,
+    until_comment: bool = False,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The events of a task's stream and its comment lines, until the server ends it or
-    ``enough`` says so of the events so far (then the client disconnects)."""
+    ``enough`` says so of the events so far, or (``until_comment``) the first comment (a
+    heartbeat) comes (then the client disconnects)."""
     headers = auth(tenant) | ({"Last-Event-ID": last_event_id} if last_event_id else {})
     events: list[dict[str, Any]] = []
     comments: list[str] = []
@@ -405,6 +407,8 @@ def read_stream(
         for line in response.iter_lines():
             if line.startswith(":"):
                 comments.append(line)
+                if until_comment:
+                    break
             elif not line:
                 if current:
                     events.append(current)
