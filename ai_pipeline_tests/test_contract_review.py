@@ -3,6 +3,7 @@ report call, each behind its own checkpoint, against the simulator over HTTP."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -145,3 +146,22 @@ def test_a_contract_interrupted_after_some_clauses_pays_only_for_the_rest(
         )
     finally:
         other.db.dispose()
+
+
+def test_a_submitter_follows_a_contract_clause_by_clause(store: Store) -> None:
+    """While a run works on a submitted contract, its task says which clause is being reviewed:
+    six clauses checkpointed of twelve is "analysing clause 7/12"."""
+    from ai_pipeline.service.progress import view
+    from ai_pipeline.tasks import SUBMITTED
+
+    doc = parse_document(contract().encode(), "contract.txt")
+    doc = dataclasses.replace(doc, source=f"{SUBMITTED}acme/contract.txt")
+    task = task_id(doc.document_id, ANALYSE_STEP, CONTRACT_REVIEW.tag(), TEST_MODEL)
+    row, _ = store.tasks.submit("acme", task, doc, "contract.txt")
+    store.documents.transition(doc.document_id, State.RUNNING, through=State.QUEUED)
+    store.documents.set_sections(doc.document_id, 12)
+    for i in range(1, 7):
+        store.checkpoints.put(clause_task(doc.document_id, i), doc.document_id, "analyse.s", {})
+    current = view(store, row)
+    assert current.current_step == "analysing clause 7/12"
+    assert current.sections_done == 6

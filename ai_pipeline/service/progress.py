@@ -146,9 +146,12 @@ def view(store: Store, task: TenantTask) -> TaskView:
             if done >= doc.sections:
                 progress, step = CHECKING
             else:
-                # "analysing section k/n": 10 % at the first, 60 % when every one is done.
+                # "analysing clause k/n" (as the analysis names its sections): 10 % at the
+                # first, 60 % when every one is done.
                 progress = ANALYSING[0] + (CHECKING[0] - ANALYSING[0]) * done // doc.sections
-                step = f"analysing section {min(done + 1, doc.sections)}/{doc.sections}"
+                sections = store.analysis.sections
+                label = sections.label if sections is not None else "section"
+                step = f"analysing {label} {min(done + 1, doc.sections)}/{doc.sections}"
         elif doc.task_id and store.checkpoints.get(doc.task_id) is not None:
             progress, step = CHECKING
         else:
