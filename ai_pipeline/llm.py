@@ -58,6 +58,8 @@ class Meter(Protocol):
         prompt_tokens: int | None = ...,
         completion_tokens: int | None = ...,
         usage_reported: bool = ...,
+        cached_tokens: int | None = ...,
+        reasoning_tokens: int | None = ...,
     ) -> Any: ...
 
 
@@ -156,6 +158,23 @@ def attempt_failure(error: BaseException) -> AttemptFailure:
         describe(error),
         retry_after=parse_retry_after(getattr(response, "headers", None)),
         cause=error,
+    )
+
+
+def billed_details(usage: Any) -> tuple[int | None, int | None]:
+    """The cached prompt tokens and the reasoning tokens of a reply's ``usage``
+    (``prompt_tokens_details.cached_tokens``, ``completion_tokens_details.reasoning_tokens``);
+    None for each the endpoint does not report (many OpenAI-compatible servers omit both)."""
+
+    def count(details: Any, name: str) -> int | None:
+        value = getattr(details, name, None) if details is not None else None
+        return value if isinstance(value, int) else None
+
+    if usage is None:
+        return None, None
+    return (
+        count(getattr(usage, "prompt_tokens_details", None), "cached_tokens"),
+        count(getattr(usage, "completion_tokens_details", None), "reasoning_tokens"),
     )
 
 
@@ -465,6 +484,7 @@ class LLMClient:
         usage = completion.usage
         prompt_tokens = usage.prompt_tokens if usage else None
         completion_tokens = usage.completion_tokens if usage else None
+        cached_tokens, reasoning_tokens = billed_details(usage)
         model = completion.model or self.model
         try:
             # The call waiting for this slot goes out first, before this reply's bookkeeping
@@ -482,6 +502,8 @@ class LLMClient:
                     prompt_tokens=prompt_tokens,
                     completion_tokens=completion_tokens,
                     usage_reported=usage is not None,
+                    cached_tokens=cached_tokens,
+                    reasoning_tokens=reasoning_tokens,
                 )
         choice = completion.choices[0] if completion.choices else None
         if choice is None:

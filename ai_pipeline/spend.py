@@ -1,10 +1,14 @@
 """What LLM calls cost, and the budgets that stop them before they are exceeded.
 
-- :class:`Prices`: USD per million prompt and completion tokens, per model. A default table for
-  common OpenAI models is packaged (``data/prices.json``); ``AI_PIPELINE_PRICES_FILE`` (JSON or
-  YAML, the same shape) overrides and extends it; a model in neither is priced by the two
-  ``AI_PIPELINE_PRICE_PER_1K_*`` settings. A dated model name (``gpt-4o-mini-2024-07-18``) takes
-  the price of its longest listed prefix.
+- :class:`Prices`: USD per million prompt, cached prompt and completion tokens, per model. A
+  default table for common OpenAI models is packaged (``data/prices.json``);
+  ``AI_PIPELINE_PRICES_FILE`` (JSON or YAML, the same shape) overrides and extends it; a model in
+  neither is priced by the two ``AI_PIPELINE_PRICE_PER_1K_*`` settings. A dated model name
+  (``gpt-4o-mini-2024-07-18``) takes the price of its longest listed prefix. A reply is priced as
+  billed: its uncached prompt tokens at the prompt price, those served from the prompt cache
+  (``usage.prompt_tokens_details.cached_tokens``) at the cached price (the prompt price when the
+  table has none), and its completion tokens — reasoning tokens included — at the completion
+  price.
 - :func:`estimate_prompt_tokens`: tiktoken's count for a model it knows, when its encoding can be
   loaded (it is downloaded once, or read from ``TIKTOKEN_CACHE_DIR``); otherwise an estimate that
   errs high (one token per Han character, one per three other characters).
@@ -55,12 +59,25 @@ class PricesError(ValueError):
 
 @dataclass(frozen=True)
 class Price:
+    """USD per million tokens; cached prompt tokens at ``cached_prompt_per_million`` (None: at
+    the prompt price, as for a model without prompt caching)."""
+
     prompt_per_million: float
     completion_per_million: float
+    cached_prompt_per_million: float | None = None
 
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+    def cost(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
+        """What a call costs; ``cached_tokens`` are of ``prompt_tokens``, and the completion's
+        reasoning tokens are of ``completion_tokens`` (billed as output)."""
+        cached = min(max(cached_tokens, 0), prompt_tokens)
+        cached_price = (
+            self.prompt_per_million
+            if self.cached_prompt_per_million is None
+            else self.cached_prompt_per_million
+        )
         return (
-            prompt_tokens * self.prompt_per_million
+            (prompt_tokens - cached) * self.prompt_per_million
+            + cached * cached_price
             + completion_tokens * self.completion_per_million
         ) / 1_000_000
 
@@ -108,23 +125,31 @@ class Prices:
         prefixes = [m for m in self.models if model.startswith(m)]
         return self.models[max(prefixes, key=len)] if prefixes else self.fallback
 
-    def cost(self, model: str, prompt_tokens: int, completion_tokens: int) -> float:
-        return self.price(model).cost(prompt_tokens, completion_tokens)
+    def cost(
+        self, model: str, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+    ) -> float:
+        return self.price(model).cost(prompt_tokens, completion_tokens, cached_tokens)
 
 
 def _parse(data: Any, where: str) -> dict[str, Price]:
-    """``{"models": {name: {"prompt": usd_per_1M, "completion": usd_per_1M}}}``."""
+    """``{"models": {name: {"prompt": usd_per_1M, "completion": usd_per_1M,
+    "cached_prompt": usd_per_1M (optional)}}}``."""
     models = data.get("models") if isinstance(data, dict) else None
     if not isinstance(models, dict):
         raise PricesError(f"{where}: expected a mapping 'models: {{name: {{prompt, completion}}}}'")
     out = {}
     for name, entry in models.items():
         try:
-            out[str(name)] = Price(float(entry["prompt"]), float(entry["completion"]))
-        except (TypeError, KeyError, ValueError) as e:
+            cached = entry.get("cached_prompt")
+            out[str(name)] = Price(
+                float(entry["prompt"]),
+                float(entry["completion"]),
+                None if cached is None else float(cached),
+            )
+        except (TypeError, KeyError, ValueError, AttributeError) as e:
             raise PricesError(
-                f"{where}: model {name!r} needs numeric 'prompt' and 'completion' "
-                "(USD per million tokens)"
+                f"{where}: model {name!r} needs numeric 'prompt' and 'completion' and, when "
+                "given, 'cached_prompt' (USD per million tokens)"
             ) from e
     return out
 
@@ -242,17 +267,22 @@ class Meter:
         prompt_tokens: int | None = None,
         completion_tokens: int | None = None,
         usage_reported: bool = True,
+        cached_tokens: int | None = None,
+        reasoning_tokens: int | None = None,
     ) -> Usage:
-        """Record what a request used (nothing reported: 0) and release its reservation.
+        """Record what a request used (nothing reported: 0) and release its reservation, priced
+        as billed: ``cached_tokens`` (of the prompt's) at the cached price, ``reasoning_tokens``
+        (of the completion's) as output.
 
         A reply (``outcome`` ANSWER) whose endpoint reported no usage (``usage_reported``
         False) was paid for all the same: it is settled at its reservation, as
         ``answer (estimated)``, so that the budget keeps binding."""
         model = model or reservation.model
         prompt, completion = prompt_tokens or 0, completion_tokens or 0
-        cost = self.prices.cost(model, prompt, completion)
+        cost = self.prices.cost(model, prompt, completion, cached_tokens or 0)
         if outcome == ANSWER and not usage_reported:
             prompt, completion = reservation.prompt_tokens, reservation.completion_tokens
+            cached_tokens = reasoning_tokens = None
             outcome, cost = ESTIMATED_ANSWER, reservation.usd
             logger.warning(
                 "%s: the reply reported no usage; settled at its reservation (%s tokens, $%.6f)",
@@ -270,6 +300,8 @@ class Meter:
             completion_tokens=completion,
             cost_usd=cost,
             run_id=self.run_id,
+            cached_tokens=cached_tokens,
+            reasoning_tokens=reasoning_tokens,
         )
         try:
             self.store.spend.settle(self.budget_keys, reservation.tokens, reservation.usd, usage)
