@@ -13,10 +13,13 @@
   loaded (it is downloaded once, or read from ``TIKTOKEN_CACHE_DIR``); otherwise an estimate that
   errs high (one token per Han character, one per three other characters).
 - :class:`Meter`: one run's spending. Before each request it reserves the estimate (the prompt's
-  tokens plus ``completion_reserve`` completion tokens, and their price) against every budget the
-  run is under; when one would be exceeded the request is not sent (BUDGET_REACHED). Under a
-  budget the request asks for at most ``completion_reserve`` completion tokens (``max_tokens``),
-  so no reply costs more than was reserved for it. After it, the real usage is recorded for the
+  tokens plus the completion limit the request carries, and their price at the uncached prompt
+  price) against every budget the run is under; when one would be exceeded the request is not
+  sent (BUDGET_REACHED). Under a budget the request asks for at most ``completion_reserve``
+  completion tokens (``max_tokens`` or ``max_completion_tokens``), and what it reserves is the
+  limit it carries, so no reply costs more than was reserved for it: a reasoning model's
+  ``max_completion_tokens`` counts its reasoning tokens too, so they are within the reservation
+  (the reserve must leave it room to reason). After it, the real usage is recorded for the
   attempt — whether the answer then passes its checks or not, and for failed requests too — and
   settled against the budgets; a reply that reports no usage is settled at its reservation (the
   estimate), recorded with the outcome ``answer (estimated)``.
@@ -196,8 +199,17 @@ def count_tokens(model: str, text: str) -> int:
     return estimate_text_tokens(text)
 
 
-def estimate_prompt_tokens(model: str, messages: Sequence[Mapping[str, Any]]) -> int:
+def estimate_prompt_tokens(
+    model: str,
+    messages: Sequence[Mapping[str, Any]],
+    response_format: Mapping[str, Any] | None = None,
+) -> int:
+    """The prompt tokens of a request: its messages, and the JSON schema of its reply's format
+    (OpenAI counts a Structured Outputs schema in the prompt; counted as written, it errs
+    high)."""
     counted = sum(count_tokens(model, str(m.get("content") or "")) for m in messages)
+    if response_format and response_format.get("type") == "json_schema":
+        counted += count_tokens(model, json.dumps(response_format, separators=(",", ":")))
     return counted + _PER_MESSAGE * len(messages) + _PRIMING
 
 
@@ -237,18 +249,27 @@ class Meter:
 
     @property
     def max_completion_tokens(self) -> int | None:
-        """The completion limit a request must carry (``max_tokens``): the reserve when the run
-        is under a budget, so that a long reply cannot overshoot it; None otherwise."""
+        """The completion limit a request must carry at most: the reserve when the run is under
+        a budget, so that a long reply cannot overshoot it; None otherwise."""
         return self.completion_reserve if self.budget_keys else None
 
     def reserve(
-        self, task_id: str, model: str, messages: Sequence[Mapping[str, Any]]
+        self,
+        task_id: str,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        completion_tokens: int | None = None,
+        response_format: Mapping[str, Any] | None = None,
     ) -> Reservation:
-        """Reserve a request's estimate; raises BUDGET_REACHED (nothing reserved) when it would
-        take a budget past its limit."""
-        prompt = estimate_prompt_tokens(model, messages)
-        usd = self.prices.cost(model, prompt, self.completion_reserve)
-        tokens = prompt + self.completion_reserve
+        """Reserve a request's estimate: its prompt and ``completion_tokens``, the completion
+        limit it carries (``completion_reserve`` when not given) — for a reasoning model that
+        limit counts its reasoning too, so the reservation covers it. Raises BUDGET_REACHED
+        (nothing reserved) when it would take a budget past its limit."""
+        completion = self.completion_reserve if completion_tokens is None else completion_tokens
+        prompt = estimate_prompt_tokens(model, messages, response_format)
+        usd = self.prices.cost(model, prompt, completion)
+        tokens = prompt + completion
         refused = self.store.spend.reserve(self.budget_keys, tokens, usd)
         if refused is not None:
             raise ClassifiedError(
@@ -256,7 +277,7 @@ class Meter:
                 f"not sent: this call needs about {tokens:,} tokens (${usd:.4f}) and the budget "
                 f"would be exceeded — {refused.describe()}",
             )
-        return Reservation(task_id, model, prompt, self.completion_reserve, usd)
+        return Reservation(task_id, model, prompt, completion, usd)
 
     def settle(
         self,

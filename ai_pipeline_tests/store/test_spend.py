@@ -176,6 +176,50 @@ def test_an_attempts_cached_and_reasoning_tokens_are_recorded_and_summed(store: 
     assert store.spend.total([document_of(task)]).reasoning_tokens == 512
 
 
+def test_a_reservation_covers_the_completion_limit_the_request_carries(store: Store) -> None:
+    """A reasoning model's ``max_completion_tokens`` counts its reasoning: the reservation is
+    for the limit sent, priced at the uncached prompt price, and the budget refuses a call
+    whose limit does not fit."""
+    store.spend.set_budget("run:r", tokens=5000, usd=None)
+    meter = Meter(store, Prices.load(), budget_keys=["run:r"], completion_reserve=4000)
+    reservation = meter.reserve(
+        "d1-analyse-v1-x", "o4-mini", [{"content": "short"}], completion_tokens=3000
+    )
+    assert reservation.completion_tokens == 3000
+    assert reservation.usd == pytest.approx((reservation.prompt_tokens * 1.10 + 3000 * 4.40) / 1e6)
+    # Without a limit given, the meter's reserve: 4,000 more do not fit in what is left.
+    with pytest.raises(Exception, match="BUDGET_REACHED"):
+        meter.reserve("d2-analyse-v1-x", "o4-mini", [{"content": "short"}])
+    state = store.spend.budget("run:r")
+    assert state is not None and state.reserved_tokens == reservation.tokens
+
+
+def test_a_structured_outputs_schema_counts_in_the_prompt_estimate(store: Store) -> None:
+    """OpenAI bills a json_schema response format as prompt tokens: the estimate counts it."""
+    meter = Meter(store, Prices.load())
+    messages = [{"role": "user", "content": "Summarise this contract in JSON."}]
+    schema = {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "answer",
+            "strict": True,
+            "schema": {
+                "type": "object",
+                "properties": {"summary": {"type": "string"}, "parties": {"type": "array"}},
+                "required": ["summary", "parties"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    plain = meter.reserve("d1-analyse-v1-x", "gpt-4o-mini", messages)
+    with_schema = meter.reserve("d1-analyse-v1-x", "gpt-4o-mini", messages, response_format=schema)
+    json_mode = meter.reserve(
+        "d1-analyse-v1-x", "gpt-4o-mini", messages, response_format={"type": "json_object"}
+    )
+    assert with_schema.prompt_tokens > plain.prompt_tokens + 20
+    assert json_mode.prompt_tokens == plain.prompt_tokens
+
+
 def test_a_usage_table_from_before_the_billed_details_gains_them(tmp_path: Path) -> None:
     """A results database whose ``llm_usage`` predates the cached and reasoning columns gains
     them on open; its rows read NULL and its totals count them 0."""
