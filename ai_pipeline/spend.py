@@ -10,8 +10,10 @@
   table has none), and its completion tokens — reasoning tokens included — at the completion
   price.
 - :func:`estimate_prompt_tokens`: tiktoken's count for a model it knows, when its encoding can be
-  loaded (it is downloaded once, or read from ``TIKTOKEN_CACHE_DIR``); otherwise an estimate that
-  errs high (one token per Han character, one per three other characters).
+  loaded: the encodings of the priced models (o200k_base, cl100k_base) ship in
+  ``data/tiktoken/``, so no network is needed for them; others are downloaded once or read from
+  ``TIKTOKEN_CACHE_DIR``. Otherwise an estimate that errs high (one token per Han character, one
+  per three other characters).
 - :class:`Meter`: one run's spending. Before each request it reserves the estimate (the prompt's
   tokens plus the completion limit the request carries, and their price at the uncached prompt
   price) against every budget the run is under; when one would be exceeded the request is not
@@ -27,9 +29,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
+import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
@@ -161,6 +165,38 @@ def _parse(data: Any, where: str) -> dict[str, Price]:
 
 _encodings: dict[str, Any] = {}
 _encodings_lock = threading.Lock()
+# The encodings shipped with the package, in tiktoken's cache layout (data/tiktoken/README.md);
+# o200k_harmony is built from o200k_base's file.
+SHIPPED_ENCODINGS_DIR = Path(__file__).parent / "data" / "tiktoken"
+_BLOB_OF = {"o200k_harmony": "o200k_base"}
+
+
+def _is_shipped(encoding_name: str) -> bool:
+    blob = _BLOB_OF.get(encoding_name, encoding_name)
+    url = f"https://openaipublic.blob.core.windows.net/encodings/{blob}.tiktoken"
+    return (SHIPPED_ENCODINGS_DIR / hashlib.sha1(url.encode()).hexdigest()).is_file()
+
+
+def _load_encoding(model: str) -> Any:
+    """tiktoken's encoding for a model (KeyError: a model it does not know). A shipped encoding
+    is read from the package — tiktoken still checks its SHA-256 — never downloaded; the
+    others as tiktoken does (its cache, else the network)."""
+    import tiktoken
+
+    name = tiktoken.encoding_name_for_model(model)
+    if not _is_shipped(name):
+        return tiktoken.get_encoding(name)
+    # tiktoken takes its cache folder from the environment only; it is pointed at the package
+    # for this one load (tiktoken keeps the encoding it built), then put back.
+    saved = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(SHIPPED_ENCODINGS_DIR)
+    try:
+        return tiktoken.get_encoding(name)
+    finally:
+        if saved is None:
+            del os.environ["TIKTOKEN_CACHE_DIR"]
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = saved
 
 
 def _encoding(model: str) -> Any:
@@ -168,9 +204,7 @@ def _encoding(model: str) -> Any:
     with _encodings_lock:
         if model not in _encodings:
             try:
-                import tiktoken
-
-                _encodings[model] = tiktoken.encoding_for_model(model)
+                _encodings[model] = _load_encoding(model)
             except KeyError:
                 _encodings[model] = None
             except Exception as e:  # no network and no cache: estimate instead, say so once

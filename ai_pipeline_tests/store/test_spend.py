@@ -3,6 +3,10 @@ moves an estimate into what was spent; the price table and its override."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -253,3 +257,57 @@ def test_a_usage_table_from_before_the_billed_details_gains_them(tmp_path: Path)
         assert store.spend.total().attempts == 2
     finally:
         store.db.dispose()
+
+
+# Counted by OpenAI's published encodings (their files' SHA-256 checked by tiktoken on load).
+_OFFLINE_PROBE = """
+import json, os
+from ai_pipeline.spend import _encoding, count_tokens
+sentence = "The quick brown fox jumps over the lazy dog."
+print(json.dumps({
+    "o200k": count_tokens("gpt-4o-mini", sentence),
+    "o200k_ids": _encoding("gpt-4o-mini-2024-07-18").encode("hello world"),
+    "reasoning": count_tokens("o4-mini", sentence),
+    "cl100k_ids": _encoding("gpt-3.5-turbo").encode("hello world"),
+    "cache_dir": os.environ.get("TIKTOKEN_CACHE_DIR"),
+}))
+"""
+
+
+def test_token_counts_use_the_shipped_encodings_with_the_network_unreachable(
+    tmp_path: Path,
+) -> None:
+    """In a process whose every HTTP request goes to a closed port, with no tiktoken cache of
+    its own (an empty temporary folder), counts are tiktoken's exact ones for o200k_base and
+    cl100k_base, not the estimate from characters, and the environment is left as it was."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR", "NO_PROXY", "no_proxy")
+    }
+    closed = "http://127.0.0.1:9"
+    env.update(
+        HTTP_PROXY=closed,
+        HTTPS_PROXY=closed,
+        http_proxy=closed,
+        https_proxy=closed,
+        TMPDIR=str(tmp_path),
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", _OFFLINE_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    counts = json.loads(out.stdout)
+    assert "estimating tokens from characters" not in out.stderr
+    assert counts == {
+        "o200k": 10,  # the estimate from characters would say 15
+        "o200k_ids": [24912, 2375],
+        "reasoning": 10,
+        "cl100k_ids": [15339, 1917],
+        "cache_dir": None,
+    }
+    assert list(tmp_path.iterdir()) == []  # nothing downloaded nor cached
