@@ -47,7 +47,15 @@ class Meter(Protocol):
     @property
     def max_completion_tokens(self) -> int | None: ...
 
-    def reserve(self, task_id: str, model: str, messages: Sequence[Mapping[str, Any]]) -> Any: ...
+    def reserve(
+        self,
+        task_id: str,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        completion_tokens: int | None = ...,
+        response_format: Mapping[str, Any] | None = ...,
+    ) -> Any: ...
 
     def settle(
         self,
@@ -58,6 +66,8 @@ class Meter(Protocol):
         prompt_tokens: int | None = ...,
         completion_tokens: int | None = ...,
         usage_reported: bool = ...,
+        cached_tokens: int | None = ...,
+        reasoning_tokens: int | None = ...,
     ) -> Any: ...
 
 
@@ -157,6 +167,29 @@ def attempt_failure(error: BaseException) -> AttemptFailure:
         retry_after=parse_retry_after(getattr(response, "headers", None)),
         cause=error,
     )
+
+
+def billed_details(usage: Any) -> tuple[int | None, int | None]:
+    """The cached prompt tokens and the reasoning tokens of a reply's ``usage``
+    (``prompt_tokens_details.cached_tokens``, ``completion_tokens_details.reasoning_tokens``);
+    None for each the endpoint does not report (many OpenAI-compatible servers omit both)."""
+
+    def count(details: Any, name: str) -> int | None:
+        value = getattr(details, name, None) if details is not None else None
+        return value if isinstance(value, int) else None
+
+    if usage is None:
+        return None, None
+    return (
+        count(getattr(usage, "prompt_tokens_details", None), "cached_tokens"),
+        count(getattr(usage, "completion_tokens_details", None), "reasoning_tokens"),
+    )
+
+
+def _limit_of(parameters: Mapping[str, Any]) -> int | None:
+    """The completion limit a request carries, under whichever name it sends it."""
+    limit = parameters.get("max_completion_tokens", parameters.get("max_tokens"))
+    return limit if isinstance(limit, int) else None
 
 
 # --- credentials ---------------------------------------------------------------------------------
@@ -424,11 +457,6 @@ class LLMClient:
         await self._limiter.acquire()
         async with self._semaphore:
             self._refuse_if_stopping(task_id)
-            # In flight from here until the reply is handed back: a run that stops meanwhile lets
-            # it come in, and checkpoints it (``ai_pipeline.batch``).
-            self._in_flight[task_id] += 1
-            # Reserved only while in flight: a call waiting for a slot holds no budget.
-            reservation = self.meter.reserve(task_id, self.model, messages) if self.meter else None
             # Every reply is bounded; under a budget by the completion tokens reserved for it:
             # what it costs then stays within the reservation.
             settings = request.settings
@@ -444,6 +472,23 @@ class LLMClient:
                 limit_parameter=settings.limit_parameter,
                 send_temperature=settings.send_temperature,
             )
+            # Reserved only while in flight (a call waiting for a slot holds no budget), for the
+            # limit the request carries: a reasoning model's counts its reasoning too.
+            reservation = (
+                self.meter.reserve(
+                    task_id,
+                    self.model,
+                    messages,
+                    completion_tokens=_limit_of(parameters),
+                    response_format=request.response_format,
+                )
+                if self.meter
+                else None
+            )
+            # In flight from here until the reply is handed back: a run that stops meanwhile lets
+            # it come in, and checkpoints it (``ai_pipeline.batch``). A call its budget refused
+            # never was.
+            self._in_flight[task_id] += 1
             started = time.monotonic()
             try:
                 completion = await self._client.chat.completions.create(
@@ -465,6 +510,7 @@ class LLMClient:
         usage = completion.usage
         prompt_tokens = usage.prompt_tokens if usage else None
         completion_tokens = usage.completion_tokens if usage else None
+        cached_tokens, reasoning_tokens = billed_details(usage)
         model = completion.model or self.model
         try:
             # The call waiting for this slot goes out first, before this reply's bookkeeping
@@ -482,6 +528,8 @@ class LLMClient:
                     prompt_tokens=prompt_tokens,
                     completion_tokens=completion_tokens,
                     usage_reported=usage is not None,
+                    cached_tokens=cached_tokens,
+                    reasoning_tokens=reasoning_tokens,
                 )
         choice = completion.choices[0] if completion.choices else None
         if choice is None:

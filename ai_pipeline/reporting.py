@@ -198,8 +198,9 @@ def build_report(
 
 def spend_report(store: Store, batches: int = 20) -> dict[str, Any]:
     """What every LLM attempt cost (failed and repeated ones included, from the usage of each
-    reply): in all, by the failure category of the documents not completed, the re-analyses, and
-    per batch (the newest ``batches``)."""
+    reply, as billed: the cached prompt tokens and the reasoning tokens among its tokens): in all,
+    by the failure category of the documents not completed, the re-analyses, and per batch (the
+    newest ``batches``)."""
     return {
         "total": store.spend.total().as_dict(),
         "failures_by_category": {
@@ -242,8 +243,10 @@ def to_markdown(report: dict[str, Any]) -> str:
         total = spend["total"]
         lines.append(
             f"**spent** ${total['cost_usd']:.4f} over {total['attempts']} LLM attempts "
-            f"({total['prompt_tokens'] + total['completion_tokens']} tokens); re-analyses "
-            f"${spend['reanalyses']['cost_usd']:.4f}"
+            f"({total['prompt_tokens'] + total['completion_tokens']} tokens: "
+            f"{total['prompt_tokens']} prompt, {total['cached_tokens']} of them cached; "
+            f"{total['completion_tokens']} completion, {total['reasoning_tokens']} of them "
+            f"reasoning); re-analyses ${spend['reanalyses']['cost_usd']:.4f}"
         )
         lines.append("")
         lines.append("| failure category | attempts | tokens | cost (USD) |\n|---|---|---|---|")

@@ -2,7 +2,8 @@
 
 Given a document id or any of its task ids, :func:`trace` gathers what the results database holds
 of the document — its registration and every file name it arrived under, each LLM attempt with
-its outcome, tokens and cost, every classified failure (network → protocol → model → business →
+its outcome, tokens (the cached prompt and reasoning tokens among them) and cost, every
+classified failure (network → protocol → model → business →
 runtime) with its run and attempt, the checkpoints (answers and notices stored), quarantined
 outputs, people's decisions and the messages sent to submitters — and orders it by time. The
 command line adds what Dagster holds (each run's status and the per-document check results).
@@ -55,12 +56,16 @@ def trace(store: Store, any_id: str) -> dict[str, Any]:
             _event(
                 _aware(a["created_at"]),
                 "llm_attempt",
-                f"{a['outcome']}: {tokens} tokens ({a['prompt_tokens']} prompt + "
-                f"{a['completion_tokens']} completion), ${a['cost_usd']:.6f}, {a['model']}",
+                f"{a['outcome']}: {tokens} tokens ({_billed(a)}), ${a['cost_usd']:.6f}, "
+                f"{a['model']}",
                 task_id=a["task_id"],
                 run_id=a["run_id"],
                 outcome=a["outcome"],
                 tokens=tokens,
+                # As billed: cached of the prompt's, reasoning of the completion's (None: the
+                # endpoint did not say).
+                cached_tokens=a["cached_tokens"],
+                reasoning_tokens=a["reasoning_tokens"],
                 cost_usd=round(a["cost_usd"], 8),
             )
         )
@@ -118,6 +123,17 @@ def trace(store: Store, any_id: str) -> dict[str, Any]:
         "runs": _unique(e.get("run_id") for e in events),
         "events": events,
     }
+
+
+def _billed(attempt: dict[str, Any]) -> str:
+    """ "2006 prompt, 1920 of them cached + 700 completion, 512 of them reasoning"."""
+    prompt = f"{attempt['prompt_tokens']} prompt"
+    if attempt["cached_tokens"]:
+        prompt += f", {attempt['cached_tokens']} of them cached"
+    completion = f"{attempt['completion_tokens']} completion"
+    if attempt["reasoning_tokens"]:
+        completion += f", {attempt['reasoning_tokens']} of them reasoning"
+    return f"{prompt} + {completion}"
 
 
 def _aware(at: datetime) -> datetime:

@@ -579,7 +579,7 @@ class OrderedMeter:
     def __init__(self) -> None:
         self.order: list[str] = []
 
-    def reserve(self, task: str, model: str, messages: Any) -> str:
+    def reserve(self, task: str, model: str, messages: Any, **_: Any) -> str:
         self.order.append(f"reserve {task}")
         return task
 

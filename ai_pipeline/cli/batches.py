@@ -97,7 +97,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
         + f"  ({', '.join(story['sources'])})"
     )
     print(
-        f"spent {spend['prompt_tokens'] + spend['completion_tokens']} tokens over "
+        f"spent {spend['prompt_tokens'] + spend['completion_tokens']} tokens "
+        f"({spend['cached_tokens']} cached prompt, {spend['reasoning_tokens']} reasoning) over "
         f"{spend['attempts']} LLM attempts, ${spend['cost_usd']:.6f}"
     )
     for e in story["events"]:

@@ -299,6 +299,10 @@ def failure_report(
             "tokens": report["tokens"]["prompt"] + report["tokens"]["completion"],
             # Every attempt, failed and repeated ones included (the usage of each reply).
             "spent_usd": report["spend"]["total"]["cost_usd"],
+            # Of those tokens: prompt tokens served from the prompt cache (billed lower) and
+            # reasoning tokens (billed as output, not in the replies).
+            "cached_prompt_tokens": report["spend"]["total"]["cached_tokens"],
+            "reasoning_tokens": report["spend"]["total"]["reasoning_tokens"],
             "failures_cost_usd": round(
                 sum(t["cost_usd"] for t in report["spend"]["failures_by_category"].values()), 6
             ),

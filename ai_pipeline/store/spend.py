@@ -30,7 +30,11 @@ ANSWERS = (ANSWER, ESTIMATED_ANSWER)
 class Usage:
     """One attempt's usage: a reply (``outcome`` ANSWER, or ESTIMATED_ANSWER when the endpoint
     reported none and the reservation stands for it) or a request that failed (its category;
-    tokens are what the endpoint reported, usually none)."""
+    tokens are what the endpoint reported, usually none).
+
+    ``cached_tokens`` are part of ``prompt_tokens`` (served from the prompt cache, billed lower)
+    and ``reasoning_tokens`` part of ``completion_tokens`` (billed as output, not in the reply);
+    None when the endpoint did not report them."""
 
     task_id: str
     document_id: str
@@ -41,6 +45,8 @@ class Usage:
     completion_tokens: int
     cost_usd: float
     run_id: str | None = None
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
 
     @property
     def tokens(self) -> int:
@@ -85,10 +91,15 @@ class BudgetState:
 
 @dataclass(frozen=True)
 class Totals:
+    """Sums over attempts; ``cached_tokens`` are within ``prompt_tokens`` and
+    ``reasoning_tokens`` within ``completion_tokens`` (attempts that reported none count 0)."""
+
     attempts: int
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
 
     @property
     def tokens(self) -> int:
@@ -99,6 +110,8 @@ class Totals:
             "attempts": self.attempts,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
             "cost_usd": round(self.cost_usd, 6),
         }
 
@@ -108,11 +121,13 @@ _SUMS = (
     sa.func.coalesce(sa.func.sum(llm_usage.c.prompt_tokens), 0),
     sa.func.coalesce(sa.func.sum(llm_usage.c.completion_tokens), 0),
     sa.func.coalesce(sa.func.sum(llm_usage.c.cost_usd), 0.0),
+    sa.func.coalesce(sa.func.sum(llm_usage.c.cached_tokens), 0),
+    sa.func.coalesce(sa.func.sum(llm_usage.c.reasoning_tokens), 0),
 )
 
 
 def _totals(row: Any) -> Totals:
-    return Totals(int(row[0]), int(row[1]), int(row[2]), float(row[3]))
+    return Totals(int(row[0]), int(row[1]), int(row[2]), float(row[3]), int(row[4]), int(row[5]))
 
 
 class Spend:
@@ -217,6 +232,8 @@ class Spend:
                     outcome=usage.outcome,
                     prompt_tokens=usage.prompt_tokens,
                     completion_tokens=usage.completion_tokens,
+                    cached_tokens=usage.cached_tokens,
+                    reasoning_tokens=usage.reasoning_tokens,
                     cost_usd=usage.cost_usd,
                     created_at=now,
                 )
@@ -267,6 +284,8 @@ class Spend:
             sum(t.prompt_tokens for t in per),
             sum(t.completion_tokens for t in per),
             sum(t.cost_usd for t in per),
+            sum(t.cached_tokens for t in per),
+            sum(t.reasoning_tokens for t in per),
         )
 
     def by_category(self) -> dict[str, Totals]:

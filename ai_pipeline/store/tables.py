@@ -283,6 +283,11 @@ llm_usage = sa.Table(
     sa.Column("completion_tokens", sa.Integer, nullable=False),
     sa.Column("cost_usd", sa.Float, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    # As billed: the prompt tokens served from the endpoint's prompt cache (of prompt_tokens,
+    # priced lower) and the reasoning tokens (of completion_tokens, unseen in the reply). NULL:
+    # the endpoint did not say (or the row predates these columns).
+    sa.Column("cached_tokens", sa.Integer, nullable=True),
+    sa.Column("reasoning_tokens", sa.Integer, nullable=True),
 )
 
 # Spending limits shared by every run that names them (``batch:<id>``, ``run:<id>``,

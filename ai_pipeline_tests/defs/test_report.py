@@ -149,3 +149,63 @@ def test_report_spend_matches_the_recorded_usage_in_total_by_category_re_analyse
     assert metadata["reanalyses_cost_usd"].value == pytest.approx(cost(reanalysis), abs=1e-6)
     assert metadata["spend_by_batch"].value == by_batch
     assert f"| alpha ({batch_key(alpha)}) | 3 | 4 |" in metadata["report"].value
+
+
+def test_the_report_and_the_trace_show_cached_and_reasoning_tokens(
+    instance: dg.DagsterInstance,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """o4-mini at the simulator in OpenAI rules mode, on documents sharing a long opening: the
+    report (JSON and text), the failure_report asset's metadata and the trace show the cached
+    prompt tokens and the reasoning tokens the usage table recorded."""
+    from ai_pipeline.rehearsal.faults import SimulatorConfig
+    from ai_pipeline.rehearsal.simulator import SimulatorServer
+    from ai_pipeline_tests.support import point_llm_at, results_store
+
+    preamble = " ".join(sample_text(8000 + k) for k in range(30))
+    texts = {f"d{i}.txt": f"{preamble} {sample_text(1200 + i)}" for i in range(3)}
+    with SimulatorServer(SimulatorConfig(openai_rules=True)) as server:
+        point_llm_at(monkeypatch, server, concurrency=1)
+        monkeypatch.setenv("AI_PIPELINE_MODEL", "o4-mini")
+        out = process_inbox(make_inbox(tmp_path / "inbox", texts))
+    assert out["counts"]["by_state"] == {"COMPLETED": 3}
+    store = results_store()
+    ids = [doc_id(t) for t in texts.values()]
+    attempts = store.spend.attempts(ids)
+    cached = sum(a["cached_tokens"] for a in attempts)
+    reasoning = sum(a["reasoning_tokens"] for a in attempts)
+    assert cached >= 2 * 1024 and reasoning > 0  # the second and third found the opening cached
+
+    capsys.readouterr()
+    assert main(["report", "--json"]) == 0
+    total = json.loads(capsys.readouterr().out)["spend"]["total"]
+    assert (total["cached_tokens"], total["reasoning_tokens"]) == (cached, reasoning)
+    assert main(["report"]) == 0
+    text = capsys.readouterr().out
+    assert f"{cached} of them cached" in text and f"{reasoning} of them reasoning" in text
+
+    result = defs.resolve_job_def("failure_report_job").execute_in_process(instance=instance)
+    assert result.success
+    event = instance.get_latest_materialization_event(dg.AssetKey("failure_report"))
+    assert event is not None and event.asset_materialization is not None
+    metadata = event.asset_materialization.metadata
+    assert metadata["cached_prompt_tokens"].value == cached
+    assert metadata["reasoning_tokens"].value == reasoning
+    assert f"{cached} of them cached" in metadata["report"].value
+
+    last = attempts[-1]
+    assert main(["trace", "--json", last["document_id"]]) == 0
+    story = json.loads(capsys.readouterr().out)
+    (event_,) = [e for e in story["events"] if e["kind"] == "llm_attempt"]
+    assert (event_["cached_tokens"], event_["reasoning_tokens"]) == (
+        last["cached_tokens"],
+        last["reasoning_tokens"],
+    )
+    assert story["spend"]["cached_tokens"] == last["cached_tokens"] > 0
+    assert main(["trace", last["document_id"]]) == 0
+    text = capsys.readouterr().out
+    assert f"{last['cached_tokens']} of them cached" in text
+    assert f"{last['reasoning_tokens']} of them reasoning" in text
+    assert f"({last['cached_tokens']} cached prompt, {last['reasoning_tokens']} reasoning)" in text

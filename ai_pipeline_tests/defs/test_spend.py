@@ -10,6 +10,7 @@ import dagster as dg
 import pytest
 
 from ai_pipeline.defs.assets import LLM_ANALYSIS
+from ai_pipeline.endpoints import family_of
 from ai_pipeline.failures import Category
 from ai_pipeline.intake import BATCH_TAG, batch_key
 from ai_pipeline.spend import Budget, batch_budget_key
@@ -17,6 +18,7 @@ from ai_pipeline.states import State
 from ai_pipeline.store.rows import ReviewStatus
 from ai_pipeline_tests.dagster_procs import DagsterProcess
 from ai_pipeline_tests.support import (
+    TEST_MODEL,
     cli,
     doc_id,
     latest_materialization,
@@ -155,12 +157,12 @@ def test_under_a_budget_no_reply_is_longer_than_its_completion_reserve(
 ) -> None:
     """Under a budget each request carries ``max_tokens`` = the completion reserve, so a reply
     that would be longer is cut there (and fails its schema check) and costs no more than was
-    reserved; without a budget nothing limits the reply."""
+    reserved; without a budget the limit is the default of the model's family."""
     monkeypatch.setenv("AI_PIPELINE_COMPLETION_RESERVE_TOKENS", "20")
     free = make_inbox(tmp_path / "free", {"a.txt": sample_text(10)})
     process_inbox(free)
     (request,) = simulator.stats()["requests"]
-    assert request["max_tokens"] is None
+    assert request["max_tokens"] == family_of(TEST_MODEL).default_limit
     (unlimited,) = results_store().spend.attempts([task_of(doc_id(sample_text(10)))])
     assert unlimited["completion_tokens"] > 20  # the reply the reserve would not cover
     simulator.reset()
