@@ -8,6 +8,10 @@ records a failure event, and gives up the leases the run still had on them. A ru
 Dagster says so (``run_status``), or when it stopped renewing its lease (a process killed with
 SIGKILL that Dagster never hears of).
 
+A run that ended before it even started some of its documents leaves them PENDING or QUEUED, where
+no retry would look for them: ``fail_unstarted`` moves those to FAILED with RUN_INTERRUPTED too
+(not counted as an attempt: nothing was tried).
+
 The Dagster side calls this from the ``reconcile_sensor`` (``ai_pipeline.defs.sensors``) and before
 ``ai-pipeline status`` reports; nothing here knows Dagster.
 """
@@ -24,6 +28,8 @@ from ai_pipeline.store.documents import ConcurrentChange, utcnow
 
 # Dagster run statuses after which a run holds nothing.
 RUN_OVER = frozenset({"SUCCESS", "FAILURE", "CANCELED"})
+# The states of a document no run has started.
+UNSTARTED = frozenset({State.PENDING, State.QUEUED})
 
 
 @dataclass(frozen=True)
@@ -83,4 +89,40 @@ def reconcile(
         if doc.run_id and status in RUN_OVER:
             store.leases.release_owner(doc.run_id)
         out.append(Interrupted(doc.document_id, doc.run_id, reason))
+    return out
+
+
+def fail_unstarted(store: Store, run_id: str, document_ids: Sequence[str]) -> list[Interrupted]:
+    """Move the documents of an ended run that it never started (PENDING or QUEUED) to FAILED,
+    RUN_INTERRUPTED, retryable; one that another run has started or settled meanwhile is left
+    to it."""
+    reason = (
+        f"its run {run_id} ended before starting it; the next launch or "
+        "`ai-pipeline backfill --failed` runs it"
+    )
+    out: list[Interrupted] = []
+    for doc in store.documents.rows(document_ids):
+        if doc.state not in UNSTARTED:
+            continue
+        try:
+            store.documents.transition(
+                doc.document_id,
+                State.FAILED,
+                through=State.QUEUED,
+                category=Category.RUN_INTERRUPTED,
+                error=reason,
+                run_id=run_id,
+                expected=doc.state,
+            )
+        except (ConcurrentChange, IllegalTransition):
+            continue  # a run took it meanwhile
+        store.events.record_failure(
+            doc.document_id,
+            Category.RUN_INTERRUPTED,
+            reason,
+            task_id=doc.task_id,
+            run_id=run_id,
+            attempt=doc.attempts,
+        )
+        out.append(Interrupted(doc.document_id, run_id, reason))
     return out

@@ -13,7 +13,7 @@ import pytest
 from ai_pipeline.claims import Claims
 from ai_pipeline.documents import parse_document
 from ai_pipeline.failures import Category
-from ai_pipeline.reconcile import reconcile
+from ai_pipeline.reconcile import fail_unstarted, reconcile
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline_tests.support import FakeTime, RecordingLog
@@ -85,6 +85,42 @@ def test_a_document_taken_over_meanwhile_is_not_interrupted(store: Store) -> Non
     assert reconcile(store, status) == []
     doc = store.documents.get(doc_id)
     assert doc is not None and (doc.state, doc.run_id) == (State.RUNNING, "run-new")
+
+
+def registered(store: Store, text: str) -> str:
+    doc = parse_document(text.encode("utf-8"), f"inbox/{len(text)}.txt")
+    store.documents.register(doc)
+    return doc.document_id
+
+
+def test_documents_an_ended_run_never_started_are_failed_retryably(store: Store) -> None:
+    """The PENDING and QUEUED documents of an ended run: FAILED, RUN_INTERRUPTED (no attempt
+    counted: nothing was tried), a failure event each; one started or settled by another run
+    is left as it is."""
+    pending = registered(store, "Never reached by its run.")
+    queued = registered(store, "Queued for a run that died.")
+    store.documents.transition(queued, State.QUEUED)
+    elsewhere = running(store, "Taken by another run meanwhile.", "run-other")
+
+    out = fail_unstarted(store, "run-dead", [pending, queued, elsewhere])
+
+    assert sorted(i.document_id for i in out) == sorted([pending, queued])
+    for document_id in (pending, queued):
+        doc = store.documents.get(document_id)
+        assert doc is not None
+        assert (doc.state, doc.category, doc.attempts, doc.run_id) == (
+            State.FAILED,
+            Category.RUN_INTERRUPTED,
+            0,
+            "run-dead",
+        )
+        assert "ended before starting it" in (doc.last_error or "")
+        assert [e.category for e in store.events.failures(document_id)] == [
+            Category.RUN_INTERRUPTED
+        ]
+    other = store.documents.get(elsewhere)
+    assert other is not None and (other.state, other.run_id) == (State.RUNNING, "run-other")
+    assert fail_unstarted(store, "run-dead", [pending, queued]) == []
 
 
 def test_claims_wait_for_the_holder_then_take_or_leave(store: Store) -> None:

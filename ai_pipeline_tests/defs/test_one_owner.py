@@ -232,7 +232,6 @@ def _run_workers(daemon: DagsterProcess) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.daemon
-@pytest.mark.parametrize("backend", ["postgres"], indirect=True)  # see the overlap test
 def test_a_killed_run_worker_is_reconciled_and_rerun(
     dagster_home: Path,
     instance: dg.DagsterInstance,
@@ -240,12 +239,13 @@ def test_a_killed_run_worker_is_reconciled_and_rerun(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A daemon-launched run worker SIGKILLed mid-run: within 60 s every document it held is out
-    of RUNNING (RUN_INTERRUPTED, retryable), every document it had not finished is FAILED in
-    Dagster, ``submit --wait`` exits non-zero with the batch not done, and ``backfill --failed``
-    selects and finishes exactly those. (Documents a run never started: the test after this one.)"""
-    with own_simulator(monkeypatch, latency_ms=2000, concurrency=10):
-        inbox, ids = corpus(tmp_path, 10, 50_000)
+    """A daemon-launched run worker SIGKILLed before it started all its documents (two calls in
+    flight, a window of four, twelve documents): within 60 s every document it had not finished
+    — those it held and those it never started — is FAILED in the store (RUN_INTERRUPTED,
+    retryable) and in Dagster, ``submit --wait`` exits non-zero with the batch not done, and
+    ``backfill --failed`` selects and finishes exactly those."""
+    with own_simulator(monkeypatch, latency_ms=2000, concurrency=2):
+        inbox, ids = corpus(tmp_path, 12, 50_000)
         store = results_store()
         daemon.start()
         batch = start_cli("submit", str(inbox), "--batch", "killed", "--wait", "--json")
@@ -264,29 +264,33 @@ def test_a_killed_run_worker_is_reconciled_and_rerun(
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()
+        never_started = [d.document_id for d in store.documents.rows(ids) if d.run_id is None]
+        assert never_started, "the run had documents it had not started"
 
-        def reconciled() -> bool:
+        def unfinished_failed() -> list[str] | None:
             docs = store.documents.rows(ids)
-            return not [d for d in docs if d.state == State.RUNNING and d.run_id == run_id]
+            unfinished = [d for d in docs if d.state != State.COMPLETED]
+            if all(
+                d.state == State.FAILED and d.category == Category.RUN_INTERRUPTED
+                for d in unfinished
+            ):
+                return [d.document_id for d in unfinished]
+            return None
 
-        wait_for(daemon, "the killed run's documents out of RUNNING", reconciled, timeout=90)
+        unfinished = wait_for(
+            daemon, "the killed run's documents FAILED, RUN_INTERRUPTED", unfinished_failed
+        )
         assert time.monotonic() - killed_at < 60
-        interrupted = [d for d in store.documents.rows(ids) if d.run_id == run_id]
-        assert interrupted
-        assert {d.category for d in interrupted if d.state == State.FAILED} == {
-            Category.RUN_INTERRUPTED
-        }
-        unfinished = [
-            d.document_id for d in store.documents.rows(ids) if d.state != State.COMPLETED
-        ]
+        assert set(never_started) <= set(unfinished)
         wait_for(
             daemon,
             "every unfinished document FAILED in Dagster",
             lambda: failed_in_dagster(instance, ids) == set(unfinished),
             timeout=90,
         )
+        assert time.monotonic() - killed_at < 60
         code, summary = finish(batch)
-        assert code == 1 and summary["failed"] + summary["pending"] == len(unfinished)
+        assert code == 1 and summary["failed"] == len(unfinished)
 
         plan_code, plan = finish(start_cli("backfill", "--failed", "--dry-run", "--json"))
         assert plan_code == 0, plan
@@ -297,6 +301,7 @@ def test_a_killed_run_worker_is_reconciled_and_rerun(
         assert backfill_code == 0, out
         assert {d.state for d in store.documents.rows(ids)} == {State.COMPLETED}
         assert store.results.count() == len(ids)
+        assert failed_in_dagster(instance, ids) == set()
 
 
 @pytest.mark.slow
@@ -310,9 +315,10 @@ def test_documents_of_runs_that_failed_before_starting_are_failed_and_backfilled
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A batch's runs that fail before they start (marked FAILURE while queued, as Dagster's run
-    queue does when a launch fails) never start their documents: they stay PENDING in the store,
-    and with planned events per run Dagster would not show them FAILED. The reconcile sensor marks them FAILED in Dagster; ``backfill
-    --failed`` selects exactly them and, once runs may start, finishes them with one call each."""
+    queue does when a launch fails) never start their documents, and with planned events per run
+    Dagster would not show them FAILED. The reconcile sensor marks them FAILED in Dagster and in
+    the store (RUN_INTERRUPTED); ``backfill --failed`` selects exactly them and, once runs may
+    start, finishes them with one call each."""
     config = dagster_home / "dagster.yaml"
     open_queue = config.read_text()
     assert "max_concurrent_runs: 4" in open_queue
@@ -337,7 +343,8 @@ def test_documents_of_runs_that_failed_before_starting_are_failed_and_backfilled
             lambda: failed_in_dagster(instance, ids) == set(ids),
             timeout=120,
         )
-        assert {d.state for d in store.documents.rows(ids)} == {State.PENDING}
+        docs = store.documents.rows(ids)
+        assert {(d.state, d.category) for d in docs} == {(State.FAILED, Category.RUN_INTERRUPTED)}
 
         plan_code, plan = finish(start_cli("backfill", "--failed", "--dry-run", "--json"))
         assert plan_code == 0, plan
