@@ -5,8 +5,8 @@ When the run ends without settling it — its worker was killed, it was terminat
 process died — the document would stay RUNNING for ever. ``reconcile`` finds those documents and
 moves them to FAILED with RUN_INTERRUPTED (retryable: the next launch or backfill finishes them),
 records a failure event, and gives up the leases the run still had on them. A run is over when
-Dagster says so (``run_status``), or when it stopped renewing its lease (a process killed with
-SIGKILL that Dagster never hears of).
+Dagster says so (``run_status``), when its process is known to have ended on this machine, or
+when it stopped renewing its lease (a process killed with SIGKILL that Dagster never hears of).
 
 A run that ended before it even started some of its documents leaves them PENDING or QUEUED, where
 no retry would look for them: ``fail_unstarted`` moves those to FAILED with RUN_INTERRUPTED too
@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ai_pipeline.failures import Category
+from ai_pipeline.processes import gone
 from ai_pipeline.states import IllegalTransition, State
 from ai_pipeline.store import Store
 from ai_pipeline.store.documents import ConcurrentChange, utcnow
@@ -56,13 +57,17 @@ def reconcile(
     out: list[Interrupted] = []
     for doc in running:
         status = statuses.get(doc.run_id) if doc.run_id else None
-        live = [lease for lease in leases.get(doc.document_id, []) if lease.live(now)]
+        live = [
+            lease
+            for lease in leases.get(doc.document_id, [])
+            if lease.live(now) and not gone(lease.process)
+        ]
         if status in RUN_OVER:
             reason = f"its run {doc.run_id} ended ({status}) before the document did"
         elif not live:
             reason = (
-                f"its run {doc.run_id or '(unknown)'} stopped holding it (its claim expired: "
-                "the process died or lost the database)"
+                f"its run {doc.run_id or '(unknown)'} stopped holding it (its process ended, "
+                "or its claim expired: the process died or lost the database)"
             )
         else:
             continue

@@ -33,6 +33,7 @@ from ai_pipeline.defs.io_managers import ResultsIOManager
 from ai_pipeline.defs.logs import run_log
 from ai_pipeline.defs.partitions import documents_partitions
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
+from ai_pipeline.defs.runs import run_is_over
 from ai_pipeline.engine import STAGES, Analyser, StageDeferred, StageDone, StageFailed
 from ai_pipeline.intake import BATCH_TAG
 from ai_pipeline.notify import Notifier
@@ -144,6 +145,7 @@ def analyse_documents(
         claim_wait_seconds=config.claim_wait_seconds,
         section_chars=config.section_chars,
     )
+    analyser.claims.owner_over = run_is_over(context.instance)
     context.log.info(
         f"analysing {len(document_ids)} documents with {analyser.llm.model} "
         f"(prompt {analyser.llm.prompt.version})"
