@@ -4,6 +4,7 @@ Idempotency-Key."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +19,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from ai_pipeline.defs.backfills import backfill_ended
+from ai_pipeline.defs.dagster_private import BulkActionStatus
 from ai_pipeline.defs.partitions import documents_partitions
 from ai_pipeline.failures import Category
 from ai_pipeline.rehearsal.simulator import SimulatorServer
@@ -392,3 +395,73 @@ def test_a_run_after_a_killed_run_takes_its_documents_over_at_once(
         assert all(calls[d] <= 2 for d in ids)
         assert {d: calls[d] for d in checkpointed} == {d: 1 for d in checkpointed}
         assert store.results.count() == 40
+
+
+@pytest.mark.slow
+@pytest.mark.daemon
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_backfill_outlives_a_killed_and_restarted_daemon(
+    dagster_home: Path,
+    instance: dg.DagsterInstance,
+    daemon: DagsterProcess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``dagster-daemon`` SIGKILLed while a batch's backfill is half done, then started again:
+    the backfill completes with no other command, every document COMPLETED, none RUNNING, no
+    run left unfinished, and no document paid twice but for the calls in flight at the kill."""
+    monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "10")
+    with own_simulator(monkeypatch, latency_ms=1000, concurrency=4) as llm:
+        inbox, ids = corpus(tmp_path, 60, 80_000)
+        store = results_store()
+        daemon.start()
+        code, submitted = finish(start_cli("submit", str(inbox), "--batch", "restart", "--json"))
+        assert code == 0, submitted
+        backfill_id = submitted["backfill_id"]
+        wait_for(
+            daemon,
+            "a quarter of the batch checkpointed",
+            lambda: store.checkpoints.count(ANALYSE_STEP) >= 15,
+        )
+        assert daemon.proc is not None
+        old_group = daemon.proc.pid
+        os.kill(old_group, signal.SIGKILL)
+        daemon.proc.wait(timeout=30)
+        in_flight = {
+            d
+            for d in ids
+            if llm.requests_for(task_of(d)) and store.checkpoints.get(task_of(d)) is None
+        }
+        done_at_kill = store.checkpoints.count(ANALYSE_STEP)
+        assert done_at_kill < len(ids), "the backfill was over before the kill"
+
+        daemon.start()
+        restarted = time.monotonic()
+        try:
+            backfill = wait_for(
+                daemon,
+                "the backfill over",
+                lambda: (b := instance.get_backfill(backfill_id)) and backfill_ended(b) and b,
+                timeout=300,
+            )
+        finally:
+            # What the killed daemon left (its code server waits for a heartbeat to stop).
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(old_group, signal.SIGTERM)
+
+        calls = {d: llm.requests_for(task_of(d)) for d in ids}
+        print(
+            f"{done_at_kill}/{len(ids)} checkpointed at the kill, {len(in_flight)} calls in "
+            f"flight; backfill over {time.monotonic() - restarted:.0f} s after the restart; "
+            f"{sum(c > 1 for c in calls.values())} paid twice"
+        )
+        assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS
+        docs = store.documents.rows(ids)
+        assert {d.state for d in docs} == {State.COMPLETED}
+        assert store.results.count() == len(ids)
+        unfinished = instance.get_runs(
+            dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.QUEUED])
+        )
+        assert unfinished == []
+        assert {d for d in ids if calls[d] > 1} <= in_flight
+        assert all(calls[d] >= 1 for d in ids)
