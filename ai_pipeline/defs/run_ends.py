@@ -30,7 +30,7 @@ import dagster as dg
 from ai_pipeline.defs.assets import ANALYSIS_KEYS, analyse_documents
 from ai_pipeline.defs.dagster_private import report_planned_materialization
 from ai_pipeline.defs.jobs import RANGE_END_TAG, RANGE_START_TAG
-from ai_pipeline.defs.partitions import PARTITIONS_NAME
+from ai_pipeline.defs.partitions import PARTITIONS_NAME, named_in
 from ai_pipeline.reconcile import fail_unstarted
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
@@ -69,7 +69,8 @@ def _analyses(run: dg.DagsterRun) -> bool:
 
 
 def run_documents(run: dg.DagsterRun, partition_keys: Sequence[str]) -> list[str]:
-    """The documents of a run: its partition, or its range of the ordered partition keys."""
+    """The documents of a run: its partition, or its range of the ordered partition keys (those
+    of the range its config names, when it names some)."""
     if run.tags.get("dagster/partition"):
         return [run.tags["dagster/partition"]]
     start, end = run.tags.get(RANGE_START_TAG), run.tags.get(RANGE_END_TAG)
@@ -79,7 +80,8 @@ def run_documents(run: dg.DagsterRun, partition_keys: Sequence[str]) -> list[str
         first, last = partition_keys.index(start), partition_keys.index(end)
     except ValueError:
         return []
-    return list(partition_keys[first : last + 1])
+    named = named_in(run.run_config)
+    return [k for k in partition_keys[first : last + 1] if named is None or k in named]
 
 
 def mark_unfinished(

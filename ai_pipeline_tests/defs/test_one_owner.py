@@ -211,6 +211,11 @@ def test_a_killed_run_worker_is_reconciled_and_rerun(
     — those it held and those it never started — is FAILED in the store (RUN_INTERRUPTED,
     retryable) and in Dagster, ``submit --wait`` exits non-zero with the batch not done, and
     ``backfill --failed`` selects and finishes exactly those."""
+    # One run slot: the batch is one run (it would be cut into one run per slot otherwise).
+    config = dagster_home / "dagster.yaml"
+    config.write_text(
+        config.read_text().replace("max_concurrent_runs: 4", "max_concurrent_runs: 1")
+    )
     with own_simulator(monkeypatch, latency_ms=2000, concurrency=2):
         inbox, ids = corpus(tmp_path, 12, 50_000)
         store = results_store()
