@@ -5,8 +5,12 @@ When the run ends without settling it — its worker was killed, it was terminat
 process died — the document would stay RUNNING for ever. ``reconcile`` finds those documents and
 moves them to FAILED with RUN_INTERRUPTED (retryable: the next launch or backfill finishes them),
 records a failure event, and gives up the leases the run still had on them. A run is over when
-Dagster says so (``run_status``), or when it stopped renewing its lease (a process killed with
-SIGKILL that Dagster never hears of).
+Dagster says so (``run_status``), when its process is known to have ended on this machine, or
+when it stopped renewing its lease (a process killed with SIGKILL that Dagster never hears of).
+
+A run that ended before it even started some of its documents leaves them PENDING or QUEUED, where
+no retry would look for them: ``fail_unstarted`` moves those to FAILED with RUN_INTERRUPTED too
+(not counted as an attempt: nothing was tried).
 
 The Dagster side calls this from the ``reconcile_sensor`` (``ai_pipeline.defs.sensors``) and before
 ``ai-pipeline status`` reports; nothing here knows Dagster.
@@ -18,12 +22,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ai_pipeline.failures import Category
+from ai_pipeline.processes import gone
 from ai_pipeline.states import IllegalTransition, State
 from ai_pipeline.store import Store
 from ai_pipeline.store.documents import ConcurrentChange, utcnow
 
 # Dagster run statuses after which a run holds nothing.
 RUN_OVER = frozenset({"SUCCESS", "FAILURE", "CANCELED"})
+# The states of a document no run has started.
+UNSTARTED = frozenset({State.PENDING, State.QUEUED})
 
 
 @dataclass(frozen=True)
@@ -50,13 +57,17 @@ def reconcile(
     out: list[Interrupted] = []
     for doc in running:
         status = statuses.get(doc.run_id) if doc.run_id else None
-        live = [lease for lease in leases.get(doc.document_id, []) if lease.live(now)]
+        live = [
+            lease
+            for lease in leases.get(doc.document_id, [])
+            if lease.live(now) and not gone(lease.process)
+        ]
         if status in RUN_OVER:
             reason = f"its run {doc.run_id} ended ({status}) before the document did"
         elif not live:
             reason = (
-                f"its run {doc.run_id or '(unknown)'} stopped holding it (its claim expired: "
-                "the process died or lost the database)"
+                f"its run {doc.run_id or '(unknown)'} stopped holding it (its process ended, "
+                "or its claim expired: the process died or lost the database)"
             )
         else:
             continue
@@ -83,4 +94,40 @@ def reconcile(
         if doc.run_id and status in RUN_OVER:
             store.leases.release_owner(doc.run_id)
         out.append(Interrupted(doc.document_id, doc.run_id, reason))
+    return out
+
+
+def fail_unstarted(store: Store, run_id: str, document_ids: Sequence[str]) -> list[Interrupted]:
+    """Move the documents of an ended run that it never started (PENDING or QUEUED) to FAILED,
+    RUN_INTERRUPTED, retryable; one that another run has started or settled meanwhile is left
+    to it."""
+    reason = (
+        f"its run {run_id} ended before starting it; the next launch or "
+        "`ai-pipeline backfill --failed` runs it"
+    )
+    out: list[Interrupted] = []
+    for doc in store.documents.rows(document_ids):
+        if doc.state not in UNSTARTED:
+            continue
+        try:
+            store.documents.transition(
+                doc.document_id,
+                State.FAILED,
+                through=State.QUEUED,
+                category=Category.RUN_INTERRUPTED,
+                error=reason,
+                run_id=run_id,
+                expected=doc.state,
+            )
+        except (ConcurrentChange, IllegalTransition):
+            continue  # a run took it meanwhile
+        store.events.record_failure(
+            doc.document_id,
+            Category.RUN_INTERRUPTED,
+            reason,
+            task_id=doc.task_id,
+            run_id=run_id,
+            attempt=doc.attempts,
+        )
+        out.append(Interrupted(doc.document_id, run_id, reason))
     return out

@@ -10,6 +10,8 @@
                               │            │
                               └──► QUEUED ◄┘ (retry / requeue by a person)
 
+    QUEUED ──► FAILED (the run it was given to ended before it started the document)
+
 An illegal transition is an error, never a silent overwrite. Moving to the state a document is
 already in is a no-op and allowed: a retried request must not fail because it already happened.
 """
@@ -31,7 +33,9 @@ class State(str, enum.Enum):
 
 TRANSITIONS: dict[State, frozenset[State]] = {
     State.PENDING: frozenset({State.QUEUED, State.CANCELLED}),
-    State.QUEUED: frozenset({State.RUNNING, State.CANCELLED}),
+    # QUEUED -> FAILED: the run the document was given to ended before starting it (its worker
+    # killed, its launch failed); left QUEUED, nothing would ever retry it.
+    State.QUEUED: frozenset({State.RUNNING, State.CANCELLED, State.FAILED}),
     # RUNNING -> QUEUED: the run that held the document died (killed, crashed) and a new run picks
     # it up; seed 004 has no crash path because its workers ack messages, Dagster runs do not.
     State.RUNNING: frozenset({State.COMPLETED, State.FAILED, State.QUEUED}),

@@ -4,6 +4,8 @@ over from dead runs."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,8 @@ import pytest
 from ai_pipeline.claims import Claims
 from ai_pipeline.documents import parse_document
 from ai_pipeline.failures import Category
-from ai_pipeline.reconcile import reconcile
+from ai_pipeline.processes import ProcessRef, current
+from ai_pipeline.reconcile import fail_unstarted, reconcile
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline_tests.support import FakeTime, RecordingLog
@@ -87,6 +90,42 @@ def test_a_document_taken_over_meanwhile_is_not_interrupted(store: Store) -> Non
     assert doc is not None and (doc.state, doc.run_id) == (State.RUNNING, "run-new")
 
 
+def registered(store: Store, text: str) -> str:
+    doc = parse_document(text.encode("utf-8"), f"inbox/{len(text)}.txt")
+    store.documents.register(doc)
+    return doc.document_id
+
+
+def test_documents_an_ended_run_never_started_are_failed_retryably(store: Store) -> None:
+    """The PENDING and QUEUED documents of an ended run: FAILED, RUN_INTERRUPTED (no attempt
+    counted: nothing was tried), a failure event each; one started or settled by another run
+    is left as it is."""
+    pending = registered(store, "Never reached by its run.")
+    queued = registered(store, "Queued for a run that died.")
+    store.documents.transition(queued, State.QUEUED)
+    elsewhere = running(store, "Taken by another run meanwhile.", "run-other")
+
+    out = fail_unstarted(store, "run-dead", [pending, queued, elsewhere])
+
+    assert sorted(i.document_id for i in out) == sorted([pending, queued])
+    for document_id in (pending, queued):
+        doc = store.documents.get(document_id)
+        assert doc is not None
+        assert (doc.state, doc.category, doc.attempts, doc.run_id) == (
+            State.FAILED,
+            Category.RUN_INTERRUPTED,
+            0,
+            "run-dead",
+        )
+        assert "ended before starting it" in (doc.last_error or "")
+        assert [e.category for e in store.events.failures(document_id)] == [
+            Category.RUN_INTERRUPTED
+        ]
+    other = store.documents.get(elsewhere)
+    assert other is not None and (other.state, other.run_id) == (State.RUNNING, "run-other")
+    assert fail_unstarted(store, "run-dead", [pending, queued]) == []
+
+
 def test_claims_wait_for_the_holder_then_take_or_leave(store: Store) -> None:
     """A claim held by another run is waited for; released, it is taken; still held after the
     wait, it is left to its holder (no exception, the holder named)."""
@@ -114,6 +153,68 @@ def test_claims_wait_for_the_holder_then_take_or_leave(store: Store) -> None:
     assert asyncio.run(released_after_two_polls()) is None
     lease = store.leases.holder("t1")
     assert lease is not None and lease.owner == "run-b"
+
+
+def test_a_claim_whose_owner_is_known_dead_is_taken_over_at_once(store: Store) -> None:
+    """A live claim held by a process that has ended on this machine, or by a run Dagster says
+    is over, is taken over without a single wait; one held by a live process of a live run is
+    waited for as before."""
+    me = current()
+    assert me is not None
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    ended = ProcessRef(me.space, child.pid, 0)
+    store.leases.claim("t1", "d1", "run-killed", 600, ended)
+    store.leases.claim("t2", "d2", "run-over", 600, ProcessRef("another-machine", 1, 1))
+    store.leases.claim("t3", "d3", "run-alive", 600, me)
+    fake = FakeTime()
+    claims = Claims(
+        store,
+        "run-b",
+        wait_seconds=3,
+        poll_seconds=1,
+        sleep=fake.sleep,
+        clock=fake.clock,
+        owner_over=lambda owner: owner == "run-over",
+    )
+    log = RecordingLog()
+
+    assert asyncio.run(claims.take("t1", "d1", log)) is None
+    assert asyncio.run(claims.take("t2", "d2", log)) is None
+    assert fake.sleeps == []
+    assert [line for line in log.infos if "taken over" in line] == [
+        "taken over from run run-killed: its process has ended",
+        "taken over from run run-over: its run is over",
+    ]
+    for task in ("t1", "t2"):
+        lease = store.leases.holder(task)
+        assert lease is not None and (lease.owner, lease.process) == ("run-b", me)
+    assert asyncio.run(claims.take("t3", "d3", log)) == "run-alive"
+    assert fake.sleeps == [1, 1, 1]
+
+
+def test_a_document_whose_process_ended_is_interrupted_before_its_claim_expires(
+    store: Store,
+) -> None:
+    """RUNNING under a live claim whose process has ended on this machine (a CLI run killed with
+    SIGKILL): interrupted at once, not a lease later."""
+    me = current()
+    assert me is not None
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    killed = running(
+        store, "Its process was killed a moment ago.", "cli-killed", lease_seconds=None
+    )
+    alive = running(store, "Its process still runs.", "cli-alive", lease_seconds=None)
+    store.leases.claim(
+        f"{killed}-analyse", killed, "cli-killed", 600, ProcessRef(me.space, child.pid, 0)
+    )
+    store.leases.claim(f"{alive}-analyse", alive, "cli-alive", 600, me)
+
+    out = reconcile(store, lambda ids: {})
+
+    assert [i.document_id for i in out] == [killed]
+    assert "its process ended" in out[0].reason
 
 
 def test_claims_are_renewed_while_held(store: Store) -> None:

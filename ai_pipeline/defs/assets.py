@@ -31,8 +31,9 @@ from ai_pipeline.defs.dagster_private import (
 )
 from ai_pipeline.defs.io_managers import ResultsIOManager
 from ai_pipeline.defs.logs import run_log
-from ai_pipeline.defs.partitions import documents_partitions
+from ai_pipeline.defs.partitions import NAMED_DOCUMENTS, documents_partitions, named_by
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
+from ai_pipeline.defs.runs import run_is_over
 from ai_pipeline.engine import STAGES, Analyser, StageDeferred, StageDone, StageFailed
 from ai_pipeline.intake import BATCH_TAG
 from ai_pipeline.notify import Notifier
@@ -93,6 +94,8 @@ def _specs() -> list[dg.AssetSpec]:
     can_subset=True,
     partitions_def=documents_partitions,
     backfill_policy=dg.BackfillPolicy.multi_run(DOCUMENTS_PER_BACKFILL_RUN),
+    # A run may name the documents of its range it works on (``ai_pipeline.defs.partitions``).
+    config_schema={NAMED_DOCUMENTS: dg.Field([str], is_required=False)},
 )
 def analyse_documents(
     context: dg.AssetExecutionContext,
@@ -106,7 +109,10 @@ def analyse_documents(
     # stage already done costs nothing), and every stage that completed is reported: a backfill
     # of analysis_results alone then also clears the upstream stages' FAILED status.
     selected_checks = set(context.selected_asset_check_keys)
-    document_ids = sorted(context.partition_keys)
+    # A run may name the documents of its range it works on (a batched backfill of scattered
+    # documents): the others are left as they are, no call and no event.
+    named = named_by(context.op_execution_context.op_config)
+    document_ids = sorted(k for k in context.partition_keys if named is None or k in named)
     tracing.configure_from_env()
     config = settings.resolve()
     notifier = None
@@ -145,6 +151,7 @@ def analyse_documents(
         claim_wait_seconds=config.claim_wait_seconds,
         section_chars=config.section_chars,
     )
+    analyser.claims.owner_over = run_is_over(context.instance)
     context.log.info(
         f"analysing {len(document_ids)} documents with {analyser.llm.model} "
         f"({analyser.analysis.name} {analyser.analysis.tag()})"

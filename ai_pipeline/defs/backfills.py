@@ -11,9 +11,20 @@ budget refused: no automatic retry (the nightly schedule, ``backfill --failed``)
 continue in a launch that carries a budget — the batch submitted again with a larger one, or
 ``backfill --failed --category BUDGET_REACHED --budget-tokens/--budget-usd``.
 
-The backfill is a real one: it shows on the UI's Backfills page and the daemon runs it, in runs of
-contiguous documents (the assets' ``BackfillPolicy``); checkpoints make every rerun free of repeated
-LLM calls.
+The backfill is a real one: it shows on the UI's Backfills page and the daemon runs it;
+checkpoints make every rerun free of repeated LLM calls. Its runs are planned here, not by
+Dagster: Dagster's ``BackfillPolicy`` cuts only *contiguous* partitions into runs, so 50 failures
+scattered over 1,000 documents would become 50 runs of one document, each paying a run's start.
+``plan_runs`` takes the selected documents in partition order, up to the run size
+(``AI_PIPELINE_BACKFILL_RUN_SIZE``, or fewer so that the documents fill every run slot of the
+queue) per run whatever their position: each run's range spans its
+documents and its config names them (``ai_pipeline.defs.partitions``), so the documents of the
+range it does not name cost nothing — no call, no event, their status unchanged. The backfill is
+handed to the daemon with those runs to submit and every target partition counted as requested
+(the state Dagster's own daemon writes before it submits the runs it planned), so the daemon
+submits exactly them, follows their materializations and failures, and ends the backfill as it
+does its own. (The backfill's page counts the unnamed documents of a range among its requested
+partitions; each document's own status, under the asset, is exact.)
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import string
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -35,8 +46,10 @@ from ai_pipeline.defs.dagster_private import (
     BulkActionStatus,
     PartitionBackfill,
     make_new_backfill_id,
+    make_new_run_id,
 )
-from ai_pipeline.defs.partitions import PARTITIONS_NAME, documents_partitions
+from ai_pipeline.defs.jobs import range_tags
+from ai_pipeline.defs.partitions import PARTITIONS_NAME, documents_partitions, naming_config
 from ai_pipeline.failures import Category
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
@@ -149,6 +162,65 @@ def backfill_id_for(name: str) -> str:
     return "".join(string.ascii_lowercase[b % 26] for b in digest[:8])
 
 
+def plan_runs(
+    document_ids: Sequence[str], partition_keys: Sequence[str], run_size: int
+) -> list[list[str]]:
+    """The documents (those that are partitions) in partition order, cut into runs of at most
+    ``run_size`` whatever their position."""
+    order = {key: i for i, key in enumerate(partition_keys)}
+    ordered = sorted({d for d in document_ids if d in order}, key=order.__getitem__)
+    size = max(1, run_size)
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+
+def run_request_for(
+    documents: Sequence[str],
+    position: Mapping[str, int],
+    asset_keys: Sequence[dg.AssetKey],
+    check_keys: Sequence[dg.AssetCheckKey],
+) -> dg.RunRequest:
+    """A range run over ``documents`` (in partition order); when the range holds others too, its
+    config names the documents it works on."""
+    contiguous = position[documents[-1]] - position[documents[0]] + 1 == len(documents)
+    return dg.RunRequest(
+        asset_selection=list(asset_keys),
+        asset_check_keys=list(check_keys),
+        tags=range_tags(documents),
+        run_config=None if contiguous else naming_config(documents),
+    )
+
+
+def _with_planned_runs(
+    instance: dg.DagsterInstance, asset_graph: Any, backfill: Any, document_ids: Sequence[str]
+) -> Any:
+    """``backfill`` handed to the daemon with its runs planned (``plan_runs``): the daemon
+    submits them as it resumes a backfill whose runs it had planned, and plans none itself."""
+    keys = instance.get_dynamic_partitions(PARTITIONS_NAME)
+    policy = asset_graph.get(ANALYSIS_RESULTS).backfill_policy
+    run_size = (policy.max_partitions_per_run if policy else None) or len(document_ids)
+    # A few documents go in as many runs as there are run slots, not all in one run: each run
+    # calls the LLM only so many at a time.
+    queue = instance.get_concurrency_config().run_queue_config
+    slots = queue.max_concurrent_runs if queue is not None else None
+    if slots is not None and slots > 0:
+        run_size = min(run_size, -(-len(document_ids) // slots))
+    position = {key: i for i, key in enumerate(keys)}
+    check_keys = list(asset_graph.get_check_keys_for_assets(set(ANALYSIS_KEYS)))
+    requests = [
+        run_request_for(run, position, ANALYSIS_KEYS, check_keys)
+        for run in plan_runs(document_ids, keys, run_size)
+    ]
+    data = backfill.asset_backfill_data
+    data = (
+        data.replace_requested_subset(data.target_subset)
+        .with_requested_runs_for_target_roots(True)
+        .with_latest_storage_id(instance.event_log_storage.get_maximum_record_id())
+    )
+    return backfill.with_asset_backfill_data(
+        data, dynamic_partitions_store=instance, asset_graph=asset_graph
+    ).with_submitting_run_requests(requests, [make_new_run_id() for _ in requests])
+
+
 def launch_backfill(
     instance: dg.DagsterInstance,
     asset_graph: Any,
@@ -161,6 +233,8 @@ def launch_backfill(
 ) -> str:
     """Create an asset backfill of the analysis assets (and ``include``) for these documents; the
     daemon runs it. ``asset_graph`` is the code location's (``repository_def.asset_graph``).
+    Without ``include``, its runs are planned here (``plan_runs``): as many as the run size
+    needs, wherever the documents are; with it, Dagster plans them.
 
     Returns the backfill id; when ``backfill_id`` names an existing backfill nothing new is made
     (a retried schedule tick must not launch twice).
@@ -181,6 +255,8 @@ def launch_backfill(
         description=f"{len(document_ids)} documents",
         run_config=None,
     )
+    if not include:
+        backfill = _with_planned_runs(instance, asset_graph, backfill, document_ids)
     instance.add_backfill(backfill)
     return backfill_id
 

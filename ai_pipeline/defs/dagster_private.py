@@ -7,6 +7,11 @@ Each has no public equivalent in that release; when Dagster changes, this is the
   ``AssetCheckResult`` cannot target one partition of a range.
 - ``PartitionBackfill``, ``make_new_backfill_id``: creating an asset backfill outside the UI or a
   sensor (the CLI, the nightly schedule) — the same constructor the UI's GraphQL mutation uses.
+  ``make_new_run_id`` and the backfill's ``with_submitting_run_requests`` and asset backfill data
+  (``replace_requested_subset``, ``with_requested_runs_for_target_roots``,
+  ``with_latest_storage_id``): a backfill handed to the daemon with its runs already planned, in
+  the state the daemon writes before submitting runs it planned itself
+  (``dagster._core.execution.asset_backfill.execute_asset_backfill_iteration``, which resumes it).
 - ``DagsterEvent.build_asset_materialization_planned_event``, ``AssetMaterializationPlannedData``:
   with ``DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS`` set, a range run's planned events name
   the range, not each partition, and OSS storage then cannot tell which partitions of a failed run
@@ -55,7 +60,7 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     SqliteEventLogStorageWatchdog,
 )
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
-from dagster._core.utils import make_new_backfill_id
+from dagster._core.utils import make_new_backfill_id, make_new_run_id
 from dagster._serdes import ConfigurableClassData, serialize_value
 from dagster_shared.record import copy as copy_record
 
@@ -123,4 +128,5 @@ __all__ = [
     "BulkActionsFilter",
     "PartitionBackfill",
     "make_new_backfill_id",
+    "make_new_run_id",
 ]

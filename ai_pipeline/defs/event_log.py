@@ -17,6 +17,9 @@ partition subset: Dagster reads its type, asset, check, run and time. The embedd
 event log (``ai_pipeline.defs.sqlite_storage``) and the production one
 (``ai_pipeline.defs.pg_storage``) both take it.
 
+A run that names the documents of its range it works on (``ai_pipeline.defs.partitions``) gets
+rows for those alone: the others of its range keep the check status they had.
+
 It also remembers that the asset-check table exists: Dagster asks the database (a table
 inspection on a connection of its own) before it stores each check evaluation, four times per
 document, and a table that exists stays; a missing one is asked about again.
@@ -33,6 +36,7 @@ from ai_pipeline.defs.dagster_private import (
     copy_record,
     serialize_value,
 )
+from ai_pipeline.defs.partitions import named_in
 
 
 class CheckRowsPerDocument:
@@ -49,12 +53,22 @@ class CheckRowsPerDocument:
             self._has_check_table = bool(super().supports_asset_checks)  # type: ignore[misc]
         return self._has_check_table
 
+    def _named_documents(self, run_id: str) -> set[str] | None:
+        """The documents the run names in its config, or None (all of its range)."""
+        if not self.has_instance:  # type: ignore[attr-defined]
+            return None
+        run = self._instance.get_run_by_id(run_id)  # type: ignore[attr-defined]
+        return named_in(run.run_config) if run is not None else None
+
     def _store_asset_check_evaluation_planned(self, event: Any, event_id: int | None) -> None:
         assert event.dagster_event is not None
         planned = event.dagster_event.event_specific_data
         keys = (
             planned.partitions_subset.get_partition_keys() if planned.partitions_subset else [None]
         )
+        named = self._named_documents(event.run_id)
+        if named is not None:
+            keys = [k for k in keys if k in named]
         row = {
             "asset_key": planned.asset_key.to_string(),
             "check_name": planned.check_name,

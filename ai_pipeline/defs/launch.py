@@ -30,6 +30,7 @@ import dagster as dg
 
 from ai_pipeline.defs.assets import ANALYSIS_RESULTS
 from ai_pipeline.defs.backfills import (
+    DAGSTER_BACKFILL_TAG,
     active_backfill,
     launch_backfill,
     plan_failed_backfill,
@@ -39,6 +40,7 @@ from ai_pipeline.defs.backfills import (
 from ai_pipeline.defs.jobs import ANALYSIS_JOB_NAME, range_tags
 from ai_pipeline.defs.logs import TASK_LINES_TAG
 from ai_pipeline.defs.partitions import PARTITIONS_NAME, add_partitions, documents_partitions
+from ai_pipeline.defs.run_ends import mark_failed_runs
 from ai_pipeline.defs.sensors import run_statuses
 from ai_pipeline.documents import display_path
 from ai_pipeline.errors import InputError
@@ -181,8 +183,11 @@ class Launcher:
             on_poll=lambda: show(False),
             ended_in=lambda run_ids: self.store.documents.ended_in(targeted, run_ids),
         )
-        # A document whose run died is not pending: it failed, retryably.
+        # A document whose run died is not pending: it failed, retryably — also one its run
+        # never started, before the reconcile sensor's next tick says so.
         reconcile(self.store, run_statuses(self.instance))
+        runs = self.instance.get_runs(dg.RunsFilter(tags={DAGSTER_BACKFILL_TAG: backfill_id}))
+        mark_failed_runs(self.instance, self.store, runs)
         show(True)
         return status
 

@@ -1,6 +1,14 @@
-"""The ``documents`` dynamic partitions: one partition per document, keyed by its content id."""
+"""The ``documents`` dynamic partitions: one partition per document, keyed by its content id; and
+the documents a run works on, when it names them.
 
-from collections.abc import Sequence
+A run covers a range of partitions (Dagster's range tags). A run that should work on some of the
+documents of its range only — a backfill of scattered failures, batched into few runs — names
+them in its run config (``naming_config``); the analysis step then works on those alone, and the
+others of the range cost nothing: no call, no event.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import dagster as dg
 
@@ -9,6 +17,27 @@ documents_partitions = dg.DynamicPartitionsDefinition(name=PARTITIONS_NAME)
 
 # Partition keys per statement: well under SQLite's bound-parameter limit on any build.
 KEYS_PER_QUERY = 500
+# The analysis step's name (its op in run config) and the config key naming a run's documents.
+ANALYSIS_OP = "analyse_documents"
+NAMED_DOCUMENTS = "documents"
+
+
+def naming_config(document_ids: Sequence[str]) -> dict[str, Any]:
+    """Run config that makes a range run work on these documents of its range only."""
+    return {"ops": {ANALYSIS_OP: {"config": {NAMED_DOCUMENTS: list(document_ids)}}}}
+
+
+def named_in(run_config: Mapping[str, Any] | None) -> set[str] | None:
+    """The documents a run's config names (``naming_config``), or None: all of its range."""
+    ops = (run_config or {}).get("ops") or {}
+    return named_by((ops.get(ANALYSIS_OP) or {}).get("config"))
+
+
+def named_by(op_config: Any) -> set[str] | None:
+    """The documents the analysis step's own config names, or None: all of its range."""
+    if isinstance(op_config, Mapping) and op_config.get(NAMED_DOCUMENTS) is not None:
+        return {str(d) for d in op_config[NAMED_DOCUMENTS]}
+    return None
 
 
 def missing_partitions(instance: dg.DagsterInstance, document_ids: Sequence[str]) -> list[str]:

@@ -10,6 +10,9 @@ the planned event of every (stage, document) of its range that it selected, did 
 and has no planned event for: what run creation writes by default, so Dagster's status is then the
 same as with per-partition planned events. A CANCELED run's documents are not FAILED in Dagster
 either way (someone stopped them; re-submitting the batch finishes them), so only FAILURE counts.
+The documents it never started are moved to FAILED (RUN_INTERRUPTED, retryable) in the store as
+well (``ai_pipeline.reconcile.fail_unstarted``), so that every retry — ``backfill --failed``, the
+nightly schedule — finds them as Dagster shows them.
 
 Only documents the store says nobody has finished or taken over since are marked: PENDING or
 QUEUED, or FAILED or DEAD_LETTER by this very run. A document COMPLETED, RUNNING elsewhere or
@@ -27,7 +30,8 @@ import dagster as dg
 from ai_pipeline.defs.assets import ANALYSIS_KEYS, analyse_documents
 from ai_pipeline.defs.dagster_private import report_planned_materialization
 from ai_pipeline.defs.jobs import RANGE_END_TAG, RANGE_START_TAG
-from ai_pipeline.defs.partitions import PARTITIONS_NAME
+from ai_pipeline.defs.partitions import PARTITIONS_NAME, named_in
+from ai_pipeline.reconcile import fail_unstarted
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 
@@ -65,7 +69,8 @@ def _analyses(run: dg.DagsterRun) -> bool:
 
 
 def run_documents(run: dg.DagsterRun, partition_keys: Sequence[str]) -> list[str]:
-    """The documents of a run: its partition, or its range of the ordered partition keys."""
+    """The documents of a run: its partition, or its range of the ordered partition keys (those
+    of the range its config names, when it names some)."""
     if run.tags.get("dagster/partition"):
         return [run.tags["dagster/partition"]]
     start, end = run.tags.get(RANGE_START_TAG), run.tags.get(RANGE_END_TAG)
@@ -75,7 +80,8 @@ def run_documents(run: dg.DagsterRun, partition_keys: Sequence[str]) -> list[str
         first, last = partition_keys.index(start), partition_keys.index(end)
     except ValueError:
         return []
-    return list(partition_keys[first : last + 1])
+    named = named_in(run.run_config)
+    return [k for k in partition_keys[first : last + 1] if named is None or k in named]
 
 
 def mark_unfinished(
@@ -96,6 +102,7 @@ def mark_unfinished(
     ]
     if not unfinished:
         return []
+    fail_unstarted(store, run.run_id, unfinished)
     planned = instance.get_asset_partitions_for_run(
         run.run_id, dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED
     )
@@ -115,17 +122,26 @@ def mark_unfinished(
     return sorted(marked)
 
 
+def mark_failed_runs(
+    instance: dg.DagsterInstance, store: Store, runs: Sequence[dg.DagsterRun]
+) -> dict[str, list[str]]:
+    """``mark_unfinished`` for those of these runs that are analysis runs ended FAILURE: the
+    documents marked by run id."""
+    ended = [r for r in runs if r.status in ENDED and _analyses(r)]
+    marked: dict[str, list[str]] = {}
+    if ended:
+        keys = instance.get_dynamic_partitions(PARTITIONS_NAME)
+        for run in ended:
+            documents = mark_unfinished(instance, store, run, keys)
+            if documents:
+                marked[run.run_id] = documents
+    return marked
+
+
 def mark_ended_runs(
     instance: dg.DagsterInstance, store: Store, cursor: str | None
 ) -> tuple[dict[str, list[str]], str | None]:
     """``mark_unfinished`` for the analysis runs that ended after ``cursor``: the documents marked
     by run id, and the new cursor."""
     ends = ended_runs(instance, cursor)
-    marked: dict[str, list[str]] = {}
-    if ends.runs:
-        keys = instance.get_dynamic_partitions(PARTITIONS_NAME)
-        for run in ends.runs:
-            documents = mark_unfinished(instance, store, run, keys)
-            if documents:
-                marked[run.run_id] = documents
-    return marked, ends.cursor
+    return mark_failed_runs(instance, store, ends.runs), ends.cursor

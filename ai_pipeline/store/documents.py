@@ -249,6 +249,7 @@ class Documents:
         reset_attempts: bool = False,
         expected_run_id: str | None = None,
         through: State | None = None,
+        expected: State | None = None,
     ) -> State:
         """Move a document to ``target`` if the state machine allows it; returns the old state.
         With ``through``, the move passes through that state first (unless the document is in it
@@ -256,7 +257,8 @@ class Documents:
 
         The update is a compare-and-set on the state read (and on ``expected_run_id``, when
         given: the run that holds it), so two writers cannot both move a document out of the same
-        state; the loser gets ConcurrentChange.
+        state; the loser gets ConcurrentChange. With ``expected``, a document no longer in that
+        state (the caller read it earlier) is a ConcurrentChange too.
         """
 
         def move(conn: Connection) -> State:
@@ -268,6 +270,10 @@ class Documents:
             if row is None:
                 raise KeyError(f"unknown document {document_id}")
             current = State(row.state)
+            if expected is not None and current != expected:
+                raise ConcurrentChange(
+                    f"document {document_id} is {current.value} now, not {expected.value}"
+                )
             if expected_run_id is not None and row.run_id != expected_run_id:
                 raise ConcurrentChange(
                     f"document {document_id} is held by run {row.run_id}, not {expected_run_id}"

@@ -10,8 +10,11 @@ the owning run id and an expiry, taken in one atomic statement on SQLite and Pos
 
 A row back means the lease is the caller's (new, renewed, or taken over from an owner that stopped
 renewing it); no row means another run holds it. The owner renews its leases while it works and
-releases each when the document is settled; a lease whose owner died simply expires, and the next
-run (or ``ai_pipeline.reconcile``) takes the document over. Expiry is judged by this process's UTC
+releases each when the document is settled; a lease whose owner died expires, and the next run
+(or ``ai_pipeline.reconcile``) takes the document over. A lease also names its owner's process
+(``ai_pipeline.processes``): when that process is known to be gone, or the caller knows the owning
+run is over, ``take_over`` moves the lease to a new owner at once, a compare-and-set on the old
+owner so that of two runs taking over only one gets it. Expiry is judged by this process's UTC
 clock, so the machines sharing a results database must keep their clocks in step (NTP).
 """
 
@@ -24,6 +27,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ai_pipeline.processes import ProcessRef
 from ai_pipeline.store.database import Database
 from ai_pipeline.store.documents import utcnow
 from ai_pipeline.store.rows import aware
@@ -37,6 +41,7 @@ class Lease:
     owner: str
     acquired_at: datetime
     expires_at: datetime
+    process: ProcessRef | None = None
 
     def live(self, now: datetime | None = None) -> bool:
         return self.expires_at >= (now or utcnow())
@@ -46,9 +51,16 @@ class Leases:
     def __init__(self, db: Database):
         self.db = db
 
-    def claim(self, task_id: str, document_id: str, owner: str, seconds: float) -> bool:
-        """Take (or renew) the lease of a task for ``seconds``; False when another owner holds a
-        live one."""
+    def claim(
+        self,
+        task_id: str,
+        document_id: str,
+        owner: str,
+        seconds: float,
+        process: ProcessRef | None = None,
+    ) -> bool:
+        """Take (or renew) the lease of a task for ``seconds``, held by ``owner`` in ``process``;
+        False when another owner holds a live one."""
         now = utcnow()
         stmt = self.db.insert(leases).values(
             task_id=task_id,
@@ -56,6 +68,7 @@ class Leases:
             owner=owner,
             acquired_at=now,
             expires_at=now + timedelta(seconds=seconds),
+            process=process.text() if process else None,
         )
         stmt = stmt.on_conflict_do_update(
             index_elements=["task_id"],
@@ -63,6 +76,7 @@ class Leases:
                 "owner": stmt.excluded.owner,
                 "document_id": stmt.excluded.document_id,
                 "expires_at": stmt.excluded.expires_at,
+                "process": stmt.excluded.process,
                 "acquired_at": sa.case(
                     (leases.c.owner == stmt.excluded.owner, leases.c.acquired_at),
                     else_=stmt.excluded.acquired_at,
@@ -73,6 +87,35 @@ class Leases:
 
         def take(conn: Connection) -> bool:
             return conn.execute(stmt).first() is not None
+
+        return self.db.write(take)
+
+    def take_over(
+        self,
+        task_id: str,
+        owner: str,
+        dead_owner: str,
+        seconds: float,
+        process: ProcessRef | None = None,
+    ) -> bool:
+        """Move the lease of a task from ``dead_owner`` (known to be gone) to ``owner``; False
+        when it is not ``dead_owner``'s any more (another run took it over first, or it was
+        released)."""
+        now = utcnow()
+
+        def take(conn: Connection) -> bool:
+            moved = conn.execute(
+                sa.update(leases)
+                .where(leases.c.task_id == task_id)
+                .where(leases.c.owner == dead_owner)
+                .values(
+                    owner=owner,
+                    acquired_at=now,
+                    expires_at=now + timedelta(seconds=seconds),
+                    process=process.text() if process else None,
+                )
+            ).rowcount
+            return bool(moved)
 
         return self.db.write(take)
 
@@ -128,5 +171,10 @@ class Leases:
 
 def _lease(row: sa.Row) -> Lease:  # type: ignore[type-arg]
     return Lease(
-        row.task_id, row.document_id, row.owner, aware(row.acquired_at), aware(row.expires_at)
+        row.task_id,
+        row.document_id,
+        row.owner,
+        aware(row.acquired_at),
+        aware(row.expires_at),
+        ProcessRef.parse(row.process),
     )

@@ -222,6 +222,8 @@ leases = sa.Table(
     sa.Column("owner", sa.String(64), nullable=False, index=True),
     sa.Column("acquired_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    # The owner's process (``ai_pipeline.processes``): one known dead is taken over before expiry.
+    sa.Column("process", sa.String(200), nullable=True),
 )
 
 # Tasks submitted over HTTP (``ai-pipeline serve``): whose each one is. ``seq`` orders them for the

@@ -14,6 +14,10 @@ schedule function, which needs no daemon, runs on both.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -28,17 +32,17 @@ from ai_pipeline.cli import main
 from ai_pipeline.defs import launch
 from ai_pipeline.defs.assets import ANALYSIS_KEYS, ANALYSIS_RESULTS, LLM_ANALYSIS
 from ai_pipeline.defs.backfills import backfill_id_for
+from ai_pipeline.defs.checks import CHECK_SPECS
 from ai_pipeline.defs.dagster_private import BulkActionStatus
 from ai_pipeline.defs.partitions import documents_partitions
 from ai_pipeline.defs.resources import ResultsStore
+from ai_pipeline.defs.run_ends import run_documents
 from ai_pipeline.defs.schedules import NIGHTLY_TAG
 from ai_pipeline.intake import batch_key
 from ai_pipeline.reporting import build_report
 from ai_pipeline.states import State
 from ai_pipeline_tests.dagster_procs import DEADLINE_SECONDS, DagsterProcess, running, wait_for
 from ai_pipeline_tests.support import (
-    RANGE_END,
-    RANGE_START,
     STATUS,
     latest_materialization,
     launcher,
@@ -162,12 +166,10 @@ def backfill_runs(instance: dg.DagsterInstance, backfill_id: str) -> list[dg.Dag
 
 
 def covered(instance: dg.DagsterInstance, run: dg.DagsterRun) -> list[str]:
-    """The documents a run covers: its partition range (or its one partition)."""
-    if RANGE_START in run.tags:
-        keys = instance.get_dynamic_partitions(documents_partitions.name or "documents")
-        start, end = keys.index(run.tags[RANGE_START]), keys.index(run.tags[RANGE_END])
-        return keys[start : end + 1]
-    return [run.tags["dagster/partition"]]
+    """The documents a run works on: its one partition, or those of its range its config names
+    (all of them when it names none)."""
+    keys = instance.get_dynamic_partitions(documents_partitions.name or "documents")
+    return run_documents(run, keys)
 
 
 def backfill_ended(instance: dg.DagsterInstance, backfill_id: str) -> bool:
@@ -370,6 +372,69 @@ def test_cli_backfill_plans_by_category_then_waits_for_the_daemon(
         low: ("FAILED", "LOW_CONFIDENCE")
     }
     assert dagster_failed(instance, seeded.ids) == [low]
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the planning knows no backend
+def test_cli_backfill_of_scattered_failures_runs_them_in_runs_of_the_run_size(
+    instance: dg.DagsterInstance,
+    simulator: Any,
+    daemon_env: None,
+    daemon: DagsterProcess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Six failures scattered over 24 documents, three documents per backfill run, two run slots:
+    ``backfill --failed`` reruns them in two runs (Dagster's own planning: six, one per
+    document), one call each; the completed documents between them get no call, no
+    materialization and no check execution, and every document's status in Dagster is exact."""
+    monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "3")
+    config = Path(os.environ["DAGSTER_HOME"]) / "dagster.yaml"
+    queue = config.read_text()
+    assert "max_concurrent_runs: 4" in queue
+    config.write_text(queue.replace("max_concurrent_runs: 4", "max_concurrent_runs: 2"))
+    seeded = seed(tmp_path, simulator, count=24, network=(1, 5, 9, 13, 17, 21), low_confidence=())
+    assert_seeded(instance, seeded, simulator)
+    simulator.set_faults([])
+    before = calls(simulator, seeded.ids)
+    last_materialized = {
+        i: latest_materialization(instance, ANALYSIS_RESULTS, i).run_id for i in seeded.untouched
+    }
+    daemon.start()
+
+    out = subprocess.run(
+        [sys.executable, "-m", "ai_pipeline.cli", "backfill", "--failed", "--wait", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=BACKFILL_DEADLINE_SECONDS,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+
+    assert report["status"] == "COMPLETED_SUCCESS"
+    runs = backfill_runs(instance, report["backfill_id"])
+    assert len(runs) == 2
+    assert sorted(k for r in runs for k in covered(instance, r)) == sorted(seeded.network)
+    assert calls(simulator, seeded.ids) == {
+        i: before[i] + 1 if i in seeded.network else before[i] for i in seeded.ids
+    }
+    assert states(seeded.ids) == {i: ("COMPLETED", None) for i in seeded.ids}
+    assert dagster_failed(instance, seeded.ids) == []
+    assert {
+        i: latest_materialization(instance, ANALYSIS_RESULTS, i).run_id for i in seeded.untouched
+    } == last_materialized
+    run_ids = {r.run_id for r in runs}
+    checked = {
+        e.partition
+        for spec in CHECK_SPECS
+        for e in instance.event_log_storage.get_asset_check_execution_history(spec.key, 1000)
+        if e.run_id in run_ids
+    }
+    assert checked == set(seeded.network)
+    (backfill,) = wait_for(daemon, "the backfill's end recorded", lambda: ended_backfills(instance))
+    assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS
 
 
 @pytest.mark.daemon

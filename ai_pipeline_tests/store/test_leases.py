@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+from ai_pipeline.processes import ProcessRef
 from ai_pipeline.store import Store
 
 
@@ -70,3 +71,22 @@ def test_concurrent_claims_have_exactly_one_winner(store: Store) -> None:
     assert len(won) == 1
     lease = store.leases.holder("contested")
     assert lease is not None and lease.owner == won[0]
+
+
+def test_a_lease_names_its_process_and_a_dead_owners_lease_is_taken_over(store: Store) -> None:
+    """The owner's process is stored with the lease; ``take_over`` moves a live lease from the
+    owner named (known dead) to a new one, and only once: a second taker, or one naming an owner
+    that no longer holds it, gets nothing."""
+    leases = store.leases
+    dead = ProcessRef("space-a", 4242, 99)
+    assert leases.claim("t1", "d1", "run-dead", 60, dead)
+    lease = leases.holder("t1")
+    assert lease is not None and lease.process == dead
+
+    mine = ProcessRef("space-a", 4343, 100)
+    assert leases.take_over("t1", "run-b", "run-dead", 60, mine) is True
+    assert leases.take_over("t1", "run-c", "run-dead", 60) is False
+    lease = leases.holder("t1")
+    assert lease is not None and (lease.owner, lease.process) == ("run-b", mine)
+    assert leases.claim("t1", "d1", "run-dead", 60) is False, "the dead owner lost it"
+    assert leases.take_over("t9", "run-b", "run-dead", 60) is False, "no lease at all"

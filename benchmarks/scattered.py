@@ -1,0 +1,252 @@
+"""A failed-only backfill of scattered failures against the first pass, under a real daemon.
+
+A fresh DAGSTER_HOME (SQLite, ``max_concurrent_runs`` = ``--runs``), a real ``dagster-daemon``, the
+bundled simulator in this process (latency L, ``--runs`` × per-run concurrency = C calls at once).
+First pass: ``ai-pipeline submit DIR --batch … --wait`` over ``--documents`` documents, every
+``--fail-every``-th of which gets a scripted 503 three times (its two retries included: it fails
+NETWORK_TIMEOUT, retryable). Then the faults are cleared and the failed documents are rerun:
+
+- ``--via cli``: ``ai-pipeline backfill --failed --wait``, as an operator types it;
+- ``--via ui``: the backfill the UI's **Failed → Launch backfill** creates (the same
+  ``PartitionBackfill`` constructor as its GraphQL mutation, for the partitions Dagster shows
+  FAILED), waited for until its runs have ended every document.
+
+It reports, for both passes, wall seconds, seconds per document and runs, the failed-only pass's
+seconds per document over the first pass's, its runs against ``ceil(failed / run size) +
+max_concurrent_runs``, and the LLM requests of each pass (the rerun must make one per failed
+document, none for the others).
+
+    python benchmarks/scattered.py [--documents 1000] [--fail-every 20] [--latency-ms 1000]
+        [--concurrency 16] [--runs 4] [--run-size 100] [--via cli|ui] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from throughput import (  # noqa: E402
+    REPO,
+    dagster_daemon,
+    document_text,
+    git_commit,
+    instance_yaml,
+    machine_info,
+    make_inbox,
+)
+
+API_KEY = "sim-bench-key"
+MODEL = "sim-analyst-1"
+
+
+def _cli(env: dict[str, str], *argv: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "ai_pipeline.cli", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if not done.stdout.strip():
+        raise SystemExit(
+            f"FAILED: {' '.join(argv)} exited {done.returncode}: {done.stderr[-3000:]}"
+        )
+    return dict(json.loads(done.stdout))
+
+
+def _ui_backfill(env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """What the UI's "Failed" backfill does, in this process against the benchmark's instance:
+    a backfill of the partitions Dagster shows FAILED, planned by Dagster."""
+    os.environ.update(env)
+    import dagster as dg
+
+    from ai_pipeline.definitions import defs
+    from ai_pipeline.defs.assets import ANALYSIS_KEYS, ANALYSIS_RESULTS
+    from ai_pipeline.defs.backfills import wait_for_backfill
+    from ai_pipeline.defs.dagster_private import PartitionBackfill, make_new_backfill_id
+    from ai_pipeline.defs.partitions import PARTITIONS_NAME, documents_partitions
+    from ai_pipeline.settings import Settings
+    from ai_pipeline.store import open_store
+
+    with dg.DagsterInstance.get() as instance:
+        keys = instance.get_dynamic_partitions(PARTITIONS_NAME)
+        status = instance.get_status_by_partition(ANALYSIS_RESULTS, keys, documents_partitions)
+        failed = [k for k, v in (status or {}).items() if v == dg.AssetPartitionStatus.FAILED]
+        backfill_id = make_new_backfill_id()
+        instance.add_backfill(
+            PartitionBackfill.from_asset_partitions(
+                backfill_id=backfill_id,
+                asset_graph=defs.get_repository_def().asset_graph,
+                partition_names=failed,
+                asset_selection=list(ANALYSIS_KEYS),
+                backfill_timestamp=time.time(),
+                tags={},
+                dynamic_partitions_store=instance,
+                all_partitions=False,
+                title=None,
+                description=None,
+                run_config=None,
+            )
+        )
+        store = open_store(Settings.load())
+        status_value = wait_for_backfill(
+            instance,
+            backfill_id,
+            timeout=timeout,
+            ended_in=lambda runs: store.documents.ended_in(failed, runs),
+        )
+        return {"backfill_id": backfill_id, "status": status_value, "selected": failed}
+
+
+def _runs_of(env: dict[str, str], backfill_id: str | None) -> int:
+    """The runs Dagster launched for a backfill (None: every run of the instance)."""
+    code = (
+        "import dagster as dg, json, sys\n"
+        "with dg.DagsterInstance.get() as i:\n"
+        "    f = dg.RunsFilter(tags={'dagster/backfill': sys.argv[1]}) if sys.argv[1] else None\n"
+        "    print(len(i.get_runs(filters=f)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, backfill_id or ""],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(out.stdout.strip())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--documents", type=int, default=1000)
+    parser.add_argument("--fail-every", type=int, default=20)
+    parser.add_argument("--latency-ms", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=16, help="total LLM calls in flight")
+    parser.add_argument("--runs", type=int, default=4, help="runs at once (max_concurrent_runs)")
+    parser.add_argument("--run-size", type=int, default=100, help="documents per backfill run")
+    parser.add_argument("--via", choices=["cli", "ui"], default="cli")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    from ai_pipeline.documents import content_id, normalise_text
+    from ai_pipeline.rehearsal.faults import SimulatorConfig
+    from ai_pipeline.rehearsal.simulator import SimulatorServer
+
+    root = Path(tempfile.mkdtemp(prefix="aip-scattered-"))
+    report: dict[str, Any] = {
+        "command": " ".join(sys.argv),
+        "commit": git_commit() or "unknown",
+        "machine": machine_info(),
+        "llm_bound_docs_per_second": args.concurrency / (args.latency_ms / 1000),
+    }
+    try:
+        home = root / "home"
+        home.mkdir()
+        (home / "dagster.yaml").write_text(instance_yaml(args.runs), encoding="utf-8")
+        inbox = make_inbox(root / "inbox", range(args.documents))
+        failing = [
+            content_id(normalise_text(document_text(i)).encode("utf-8"))
+            for i in range(0, args.documents, args.fail_every)
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AI_PIPELINE_")}
+        config = SimulatorConfig(latency_ms=args.latency_ms, max_concurrency=2 * args.concurrency)
+        with SimulatorServer(config) as simulator:
+            env.update(
+                DAGSTER_HOME=str(home),
+                AI_PIPELINE_DATABASE_URL=f"sqlite:///{home / 'ai_pipeline.sqlite'}",
+                AI_PIPELINE_SETTLE_SECONDS="0",
+                AI_PIPELINE_LLM_CONCURRENCY=str(max(1, args.concurrency // args.runs)),
+                AI_PIPELINE_BACKFILL_RUN_SIZE=str(args.run_size),
+                DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS="1",
+                OPENAI_BASE_URL=simulator.base_url,
+                OPENAI_API_KEY=API_KEY,
+                AI_PIPELINE_MODEL=MODEL,
+            )
+            simulator.set_faults(
+                [{"kind": "status", "status": 503, "match": d, "times": 3} for d in failing]
+            )
+            with dagster_daemon(env, root / "daemon.log"):
+                time.sleep(3)  # the daemon's first heartbeat
+                started = time.perf_counter()
+                first = _cli(env, "submit", str(inbox), "--batch", "scattered", "--wait", "--json")
+                first_wall = time.perf_counter() - started
+                first_runs = _runs_of(env, None)
+                requests_before = simulator.stats()["total"]
+                simulator.set_faults([])
+                started = time.perf_counter()
+                if args.via == "cli":
+                    rerun = _cli(env, "backfill", "--failed", "--wait", "--json")
+                    selected = [d["document_id"] for d in rerun["selected"]]
+                else:
+                    rerun = _ui_backfill(env, timeout=3600)
+                    selected = rerun["selected"]
+                rerun_wall = time.perf_counter() - started
+                rerun_runs = _runs_of(env, rerun["backfill_id"])
+                rerun_requests = simulator.stats()["total"] - requests_before
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    failed = len(selected)
+    first_per_doc = first_wall / args.documents
+    rerun_per_doc = rerun_wall / max(1, failed)
+    bound = math.ceil(failed / args.run_size) + args.runs
+    report.update(
+        {
+            "first_pass": {
+                "documents": args.documents,
+                "failed": first["failed"],
+                "wall_seconds": round(first_wall, 1),
+                "seconds_per_document": round(first_per_doc, 4),
+                "runs": first_runs,
+            },
+            "failed_only": {
+                "via": args.via,
+                "documents": failed,
+                "status": rerun.get("status"),
+                "wall_seconds": round(rerun_wall, 1),
+                "seconds_per_document": round(rerun_per_doc, 4),
+                "runs": rerun_runs,
+                "runs_bound": bound,
+                "llm_requests": rerun_requests,
+            },
+            "seconds_per_document_over_first_pass": round(rerun_per_doc / first_per_doc, 2),
+            "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        }
+    )
+    problems = []
+    if failed != len(failing) or first["failed"] != len(failing):
+        problems.append(f"{first['failed']} failed in the first pass, {failed} selected")
+    if rerun_requests != failed:
+        problems.append(f"{rerun_requests} LLM requests for {failed} documents")
+    report["problems"] = problems
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"{report['command']}  (commit {report['commit']})")
+        for section in ("first_pass", "failed_only"):
+            for key, value in report[section].items():
+                print(f"  {section:<12} {key:<22} {value}")
+        print(
+            f"  seconds per document over the first pass: {report['seconds_per_document_over_first_pass']}"
+        )
+        print(f"  load: start {report['machine'].get('loadavg')}, end {report['loadavg_end']}")
+    if problems:
+        print("FAILED: " + "; ".join(problems), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
