@@ -287,6 +287,8 @@ class Analyser:
                 if override is not None:
                     log.info(override)
                 log.info("completed")
+            elif failure.category.stops_run:
+                self._hold(doc, failure, log)
             else:
                 self._fail(doc, failure, log)
         except StoreUnavailable as e:
@@ -304,6 +306,29 @@ class Analyser:
             self.store.documents.transition(document_id, State.QUEUED)
             self.store.documents.transition(document_id, State.RUNNING, run_id=self.run_id)
             self.store.documents.transition(document_id, target, **values)  # type: ignore[arg-type]
+
+    def _hold(self, doc: StoredDocument, failure: StageFailed, log: TaskLog) -> None:
+        """A run stopped by its own settings lets go of the document as it found it: back to
+        QUEUED for the next run, no attempt counted, no review; the reason is on it and in the
+        failure events. Every document held carries the one message of the stop."""
+        document_id = doc.document_id
+        circuit = self.llm.circuit
+        reason = circuit.message if circuit is not None else failure.error
+        try:
+            self.store.documents.transition(
+                document_id, State.QUEUED, category=failure.category, error=redact(reason)
+            )
+        except IllegalTransition:
+            return  # the reconciler took it meanwhile (this run's claim expired): it is settled
+        self.store.events.record_failure(
+            document_id,
+            failure.category,
+            failure.error,
+            task_id=failure.task_id,
+            run_id=self.run_id,
+            attempt=doc.attempts,
+        )
+        log.warning(f"not analysed, the run stopped: {reason}")
 
     def _fail(self, doc: StoredDocument, failure: StageFailed, log: TaskLog) -> None:
         """Record a document's failure: its state, a failure event, and a person's queue if due."""
