@@ -74,6 +74,7 @@ from ai_pipeline.tasks import (
     task_id,
 )
 from ai_pipeline.tracing import document_span, mark_failed
+from ai_pipeline.truncation import larger_limit, output_limit
 from ai_pipeline.window import DocumentWindow
 
 STAGES = (
@@ -437,6 +438,8 @@ class Analyser:
                     "from_checkpoint": from_checkpoint,
                     # How the reply's shape was asked for: Structured Outputs or JSON mode.
                     "response_format": self.analysis.model.response_format,
+                    # The JSON was taken out of a code fence or prose around it (None: it was not).
+                    "reply_unwrapped": verdict.unwrapped,
                     "source": doc.source,
                     # Every attempt's cost so far, failed and repeated ones included.
                     "cost_usd": round(spent.cost_usd, 6) if spent else 0.0,
@@ -525,13 +528,20 @@ class Analyser:
         )
         try:
             response_format = self.analysis.response_format(reduce=reduce)
+            settings = self.analysis.model
             reply = await self.llm.analyse(
-                task,
-                messages,
-                response_format=response_format,
-                settings=self.analysis.model,
-                log=log,
+                task, messages, response_format=response_format, settings=settings, log=log
             )
+            reserved = self.llm.meter.max_completion_tokens if self.llm.meter else None
+            larger = larger_limit(self.llm.model, settings, reserved)
+            if reply.finish_reason == "length" and larger is not None:
+                log.warning(
+                    f"the reply was cut off at {output_limit(self.llm.model, settings, reserved)}"
+                    f" tokens; asking once more with {larger.max_output_tokens}"
+                )
+                reply = await self.llm.analyse(
+                    task, messages, response_format=response_format, settings=larger, log=log
+                )
         except ClassifiedError as e:
             raise _StageError("llm_analysis", e.category, e.message, task) from e
         # A crash after this line never pays for the same call again.
