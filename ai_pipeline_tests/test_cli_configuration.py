@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import dagster as dg
 import pytest
 
 from ai_pipeline.rehearsal.faults import SimulatorConfig
@@ -68,6 +69,14 @@ def test_run_with_a_model_that_does_not_exist_exits_2_and_leaves_the_documents(
     assert {r.state.value for r in rows} == {"QUEUED"}
     assert {r.attempts for r in rows} == {0}
     assert store.reviews.items() == []
+    # Dagster: the run failed with the stop's message and its category in the step's metadata.
+    (failure,) = dg.DagsterInstance.get().all_logs(
+        report["runs"][0]["run_id"], of_type=dg.DagsterEventType.STEP_FAILURE
+    )
+    assert failure.dagster_event is not None
+    data = failure.dagster_event.step_failure_data.user_failure_data
+    assert data is not None and data.metadata["category"].value == "CONFIGURATION"
+    assert "gpt-4o-mnii" in (data.description or "")
 
     openai_like.reset()
     rerun = run(inbox, openai_like, "gpt-4o-mini")
