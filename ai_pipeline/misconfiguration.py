@@ -9,6 +9,7 @@ error; nothing here sends a request.
 from __future__ import annotations
 
 import errno
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,7 +29,8 @@ def refused_message(error: BaseException, status: int, sent: Mapping[str, Any]) 
     model = sent.get("model")
     code = getattr(error, "code", None)
     param = getattr(error, "param", None)
-    said = getattr(error, "message", None) or str(error)
+    # The SDK's message repeats the status ("Error code: 404 - ..."): the endpoint's words only.
+    said = re.sub(r"^Error code: \d+ - ", "", str(getattr(error, "message", None) or error))
     if code == "model_not_found" or (status == 404 and param in (None, "model")):
         if code == "model_not_found" or "model" in str(said).lower():
             return redact(

@@ -101,7 +101,7 @@ def test_a_parameter_the_model_refuses_names_the_parameter_and_its_value(
     assert openai_like.stats()["total"] == 1
     assert client.circuit is not None
     assert client.circuit.message.startswith(
-        "the model gpt-5-mini does not accept temperature=0.0 (400 unsupported_value"
+        "the model gpt-5-mini does not accept temperature=0.0 (400 unsupported_value: Unsupported value"
     )
 
 
