@@ -74,7 +74,7 @@ from ai_pipeline.tasks import (
     task_id,
 )
 from ai_pipeline.tracing import document_span, mark_failed
-from ai_pipeline.truncation import larger_limit, output_limit
+from ai_pipeline.truncation import larger_limit, output_limit, recut
 from ai_pipeline.window import DocumentWindow
 
 STAGES = (
@@ -412,9 +412,17 @@ class Analyser:
         sections = self.analysis.cut(text, self.section_chars)
         parts: list[dict[str, Any]] | None = None
         if len(sections) == 1:
-            reply, from_checkpoint = await self._call(
-                doc, task, ANALYSE_STEP, self.analysis.messages(text), log
-            )
+            try:
+                reply, from_checkpoint = await self._call(
+                    doc, task, ANALYSE_STEP, self.analysis.messages(text), log
+                )
+            except _StageError as e:
+                # Too long for the model's context: cut into sections when the analysis has them.
+                sections = recut(self.analysis, text, e) or []
+                if not sections:
+                    raise
+                log.warning(f"too long for the model's context: cut into {len(sections)} sections")
+        if len(sections) == 1:
             verdict = self._evaluate(reply, text)
         else:
             reply, from_checkpoint, verdict, parts = await self._sectioned(doc, task, sections, log)

@@ -58,7 +58,8 @@ An LLM endpoint's 400 that names a request setting in its ``param`` (``temperatu
 ``model_not_found``, is CONFIGURATION too (``category_for_reply``): OpenAI answers a parameter the
 model refuses with 400 ``unsupported_value``/``unsupported_parameter``. A 400 about the messages
 (``context_length_exceeded``, ``param`` = ``messages``) stays INPUT_QUALITY_ISSUE: it is the
-document's.
+document's (the engine first cuts such a document into sections when its analysis has them:
+``ai_pipeline.truncation``).
 """
 
 from __future__ import annotations

@@ -9,13 +9,39 @@ go to a person for it. What bounds the second call:
   (raise the analysis's ``max_output_tokens``).
 
 A reasoning model may spend its whole limit thinking and answer nothing (content ``""``): that is a
-truncation too. Nothing here sends a request.
+truncation too.
+
+The other way round, a document too long for the model's context (400
+``context_length_exceeded``) is cut into sections when its analysis has them (``recut``), each
+half the document's length at most; without sections it stays INPUT_QUALITY_ISSUE. Nothing here
+sends a request.
 """
 
 from __future__ import annotations
 
-from ai_pipeline.declaration import ModelSettings
+from ai_pipeline.declaration import Declaration, ModelSettings, Section, split_sections
 from ai_pipeline.endpoints import family_of
+
+
+def too_long(error: BaseException | None) -> bool:
+    """Whether the endpoint refused a request as longer than the model's context: somewhere in
+    the chain of causes is the SDK's error with code ``context_length_exceeded``."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if getattr(error, "code", None) == "context_length_exceeded":
+            return True
+        error = error.__cause__
+    return False
+
+
+def recut(analysis: Declaration, text: str, error: BaseException) -> list[Section] | None:
+    """The sections of a document that ``error`` says is too long for the model, when its
+    analysis is cut into sections and reduced; None when it is not (or the error is another)."""
+    if analysis.sections is None or analysis.reduce is None or not too_long(error):
+        return None
+    sections = split_sections(text, max(len(text.strip()) // 2, 1), analysis.sections.cut)
+    return sections if len(sections) > 1 else None
 
 
 def output_limit(model: str, settings: ModelSettings, reserved: int | None) -> int:

@@ -1,6 +1,7 @@
 """Replies cut off at their token limit, at the engine on a real SQLite store against the
 simulator (which stops a reply at ``max_tokens`` with ``finish_reason: "length"``): asked once
-more with twice the limit, then reviewed as a truncated SCHEMA_VIOLATION."""
+more with twice the limit, then reviewed as a truncated SCHEMA_VIOLATION. Also replies that are
+not bare JSON, and documents too long for the model's context."""
 
 from __future__ import annotations
 
@@ -163,3 +164,42 @@ def test_a_fenced_reply_is_unwrapped_and_the_metadata_says_so(
     )
     schema = next(c for c in llm.checks if c.name == "schema")
     assert "taken out of a code fence" in schema.message
+
+
+LONG = "\n\n".join(sample_text(i) for i in range(6))
+
+
+def analyse_long(store: Store, server: SimulatorServer) -> tuple[str, list]:
+    doc = parse_document(LONG.encode("utf-8"), "inbox/long.txt")
+    store.documents.register(doc)
+    fake = FakeTime()
+    client = LLMClient(
+        base_url=server.base_url, api_key=TEST_API_KEY, model=TEST_MODEL, sleep=fake.sleep
+    )
+    analyser = Analyser(store, client, store.results, log=RecordingLog(), run_id="run-1")
+    ((_, events),) = list(run_batch(analyser, [doc.document_id]))
+    return analyser.task_for(doc.document_id), events
+
+
+def test_a_document_too_long_for_the_context_is_cut_into_sections(tmp_path: Path) -> None:
+    """400 context_length_exceeded for the whole document: an analysis with sections cuts it in
+    halves and completes it from them; without sections it stays INPUT_QUALITY_ISSUE."""
+    from ai_pipeline.rehearsal.analysis import estimate_tokens
+
+    window = estimate_tokens(LONG) * 3 // 4
+    with SimulatorServer(SimulatorConfig(context_tokens=window)) as server:
+        store = Store(f"sqlite:///{tmp_path / 'sections.sqlite'}")
+        task, events = analyse_long(store, server)
+        assert all(isinstance(e, StageDone) for e in events), events
+        assert [r["status"] for r in server.stats()["requests"] if r["key"] == task] == [400]
+        (row,) = store.documents.rows()
+        assert row.state == State.COMPLETED and (row.sections or 0) > 1
+        store.db.dispose()
+
+        plain = DOCUMENT_ANALYSIS.model_copy(update={"sections": None})
+        store = Store(f"sqlite:///{tmp_path / 'plain.sqlite'}", analysis=plain)
+        _, events = analyse_long(store, server)
+        (failed,) = [e for e in events if isinstance(e, StageFailed)]
+        assert failed.category == Category.INPUT_QUALITY_ISSUE
+        assert "maximum context length" in failed.error
+        store.db.dispose()
