@@ -379,7 +379,7 @@ class LLMClient:
         if self._answered or not connection_refused(error.__cause__):
             return
         self._circuit = ClassifiedError(Category.CONFIGURATION, unreachable_message(self.base_url))
-        log.error(f"[CIRCUIT] {self._circuit.message}: open, the run stops calling")
+        log.error(f"[CIRCUIT] CONFIGURATION: {self._circuit.message}: open, the run stops calling")
         raise self._circuit from error
 
     def _fail_fast_if_open(self) -> None:
@@ -458,7 +458,8 @@ class LLMClient:
         if self._circuit is None:
             self._circuit = ClassifiedError(failure.category, failure.message)
             log.error(
-                f"[CIRCUIT for TASK:{task_id}] {failure.message}: open, the run stops calling"
+                f"[CIRCUIT for TASK:{task_id}] {failure.category.value}: {failure.message}: open, "
+                "the run stops calling"
             )
         return failure
 

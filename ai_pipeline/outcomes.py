@@ -68,7 +68,7 @@ class Outcomes:
             run_id=self.run_id,
             attempt=doc.attempts,
         )
-        log.warning(f"not analysed, the run stopped: {reason}")
+        log.warning(f"not analysed, the run stopped ({failure.category.value}): {reason}")
 
     def fail(self, doc: StoredDocument, failure: Failure, log: Log) -> None:
         """Record a document's failure: its state, a failure event, and a person's queue if due."""
