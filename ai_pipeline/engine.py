@@ -55,11 +55,12 @@ from ai_pipeline.declaration import (
 from ai_pipeline.failures import Category, ClassifiedError
 from ai_pipeline.llm import LLMClient, LLMReply, Messages, RunStopped
 from ai_pipeline.notify import Notifier
+from ai_pipeline.outcomes import Outcomes
 from ai_pipeline.redaction import redact
 from ai_pipeline.retry import Log
-from ai_pipeline.review import resolve_if_approved, send_to_review
+from ai_pipeline.review import resolve_if_approved
 from ai_pipeline.spend import count_tokens
-from ai_pipeline.states import IllegalTransition, State
+from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline.store.database import StoreUnavailable
 from ai_pipeline.store.rows import ResultRow, StoredDocument
@@ -74,6 +75,7 @@ from ai_pipeline.tasks import (
     task_id,
 )
 from ai_pipeline.tracing import document_span, mark_failed
+from ai_pipeline.truncation import larger_limit, output_limit, recut
 from ai_pipeline.window import DocumentWindow
 
 STAGES = (
@@ -178,6 +180,7 @@ class Analyser:
         self.section_chars = section_chars
         self.notifier = notifier
         self.retry_budget = retry_budget
+        self.outcomes = Outcomes(store, run_id=run_id, retry_budget=retry_budget)
         self.claims = Claims(
             store, _owner_id(run_id), lease_seconds=lease_seconds, wait_seconds=claim_wait_seconds
         )
@@ -282,60 +285,22 @@ class Analyser:
             return events
         try:
             if failure is None:
-                self._settle(document_id, State.COMPLETED, task_id=task)
+                self.outcomes.settle(document_id, State.COMPLETED, task_id=task)
                 override = resolve_if_approved(self.store, document_id, task)
                 if override is not None:
                     log.info(override)
                 log.info("completed")
+            elif failure.category.stops_run:
+                circuit = self.llm.circuit
+                reason = circuit.message if circuit is not None else failure.error
+                self.outcomes.hold(doc, failure, reason, log)
             else:
-                self._fail(doc, failure, log)
+                self.outcomes.fail(doc, failure, log)
         except StoreUnavailable as e:
             log.error(f"could not record the outcome: {e.message}")
             if failure is None:
                 events.append(StageFailed(document_id, STAGES[-1], e.category, e.message, task))
         return events
-
-    def _settle(self, document_id: str, target: State, **values: object) -> None:
-        """Move a document this run holds to its final state; if the reconciler moved it to FAILED
-        meanwhile (this run's claim expired while the database was away), take it back first."""
-        try:
-            self.store.documents.transition(document_id, target, **values)  # type: ignore[arg-type]
-        except IllegalTransition:
-            self.store.documents.transition(document_id, State.QUEUED)
-            self.store.documents.transition(document_id, State.RUNNING, run_id=self.run_id)
-            self.store.documents.transition(document_id, target, **values)  # type: ignore[arg-type]
-
-    def _fail(self, doc: StoredDocument, failure: StageFailed, log: TaskLog) -> None:
-        """Record a document's failure: its state, a failure event, and a person's queue if due."""
-        document_id, task = doc.document_id, failure.task_id
-        # A call the budget stopped was never made: not an attempt, never the dead letter.
-        unsent = failure.category == Category.BUDGET_REACHED
-        self._settle(
-            document_id,
-            State.FAILED,
-            category=failure.category,
-            error=failure.error,
-            task_id=task,
-            count_attempt=not unsent,
-        )
-        after = self.store.documents.get(document_id)
-        attempts = after.attempts if after else 1
-        self.store.events.record_failure(
-            document_id,
-            failure.category,
-            failure.error,
-            task_id=task,
-            run_id=self.run_id,
-            attempt=attempts,
-        )
-        if failure.category.needs_person:
-            send_to_review(self.store, doc, failure.category, failure.error, task)
-        log.error(f"failed at {failure.stage}: {failure.category.value}: {failure.error}")
-        if failure.category.retryable and attempts >= self.retry_budget and not unsent:
-            self.store.documents.transition(document_id, State.DEAD_LETTER)
-            detail = f"{attempts} retryable failures (budget {self.retry_budget})"
-            self.store.events.add_history(document_id, "DEAD_LETTER", detail, task_id=task)
-            log.error(f"moved to DEAD_LETTER after {detail}; `ai-pipeline requeue` puts it back")
 
     def _record_attempt(self, task: str, category: Category, request: int, error: str) -> None:
         """A failed request that the client retries or waits out: an event, not a state.
@@ -386,9 +351,17 @@ class Analyser:
         sections = self.analysis.cut(text, self.section_chars)
         parts: list[dict[str, Any]] | None = None
         if len(sections) == 1:
-            reply, from_checkpoint = await self._call(
-                doc, task, ANALYSE_STEP, self.analysis.messages(text), log
-            )
+            try:
+                reply, from_checkpoint = await self._call(
+                    doc, task, ANALYSE_STEP, self.analysis.messages(text), log
+                )
+            except _StageError as e:
+                # Too long for the model's context: cut into sections when the analysis has them.
+                sections = recut(self.analysis, text, e) or []
+                if not sections:
+                    raise
+                log.warning(f"too long for the model's context: cut into {len(sections)} sections")
+        if len(sections) == 1:
             verdict = self._evaluate(reply, text)
         else:
             reply, from_checkpoint, verdict, parts = await self._sectioned(doc, task, sections, log)
@@ -412,6 +385,8 @@ class Analyser:
                     "from_checkpoint": from_checkpoint,
                     # How the reply's shape was asked for: Structured Outputs or JSON mode.
                     "response_format": self.analysis.model.response_format,
+                    # The JSON was taken out of a code fence or prose around it (None: it was not).
+                    "reply_unwrapped": verdict.unwrapped,
                     "source": doc.source,
                     # Every attempt's cost so far, failed and repeated ones included.
                     "cost_usd": round(spent.cost_usd, 6) if spent else 0.0,
@@ -500,13 +475,20 @@ class Analyser:
         )
         try:
             response_format = self.analysis.response_format(reduce=reduce)
+            settings = self.analysis.model
             reply = await self.llm.analyse(
-                task,
-                messages,
-                response_format=response_format,
-                settings=self.analysis.model,
-                log=log,
+                task, messages, response_format=response_format, settings=settings, log=log
             )
+            reserved = self.llm.meter.max_completion_tokens if self.llm.meter else None
+            larger = larger_limit(self.llm.model, settings, reserved)
+            if reply.finish_reason == "length" and larger is not None:
+                log.warning(
+                    f"the reply was cut off at {output_limit(self.llm.model, settings, reserved)}"
+                    f" tokens; asking once more with {larger.max_output_tokens}"
+                )
+                reply = await self.llm.analyse(
+                    task, messages, response_format=response_format, settings=larger, log=log
+                )
         except ClassifiedError as e:
             raise _StageError("llm_analysis", e.category, e.message, task) from e
         # A crash after this line never pays for the same call again.

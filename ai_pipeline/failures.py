@@ -9,6 +9,8 @@ category               layer     retryable  action                              
 NETWORK_TIMEOUT        network   yes        retry ≤ 2 (1 s, 2 s; cap 5 s), same task id  retry
 RATE_LIMIT_EXCEEDED    protocol  yes        wait Retry-After, at most once a minute     retry
 AUTH_FAILED            protocol  no         refresh credentials once, resubmit          failed
+CONFIGURATION          settings  no         fix the setting; the documents stay as      stopped
+                                            they were (the run stops sending)
 INPUT_QUALITY_ISSUE    protocol  no         snapshot the input, human review queue      review
 SCHEMA_VIOLATION       model     no         human review, prompt fix                    review
 LOW_CONFIDENCE         model     no         human review, prompt fix                    review
@@ -23,6 +25,12 @@ BUDGET_REACHED         runtime   yes        not sent: over budget; a launch with
 INTERNAL_ERROR         internal  no         a bug or an unexpected error: look at it    failed
 =====================  ========  =========  ==========================================  ===========
 
+A STOPPED disposition is the run's, not the document's: a setting is wrong (the model name, a
+parameter the model does not take, the endpoint's address), so every document would fail the same
+way. The run stops sending at the first such reply; its documents are neither failed nor reviewed,
+and no attempt counts against their retry budget: the next run, with the setting fixed, takes them
+as if this one had not happened.
+
 ``retryable`` means a later run (a backfill) can fix it without a person; it does not mean "retry
 now". Only NETWORK_TIMEOUT is retried within the run, and RATE_LIMIT_EXCEEDED waits once. The
 runtime layer is the pipeline's own ground: the Dagster run that held a document (killed,
@@ -35,6 +43,8 @@ HTTP statuses (``category_for_status``), for the LLM endpoint and for downstream
 status     LLM endpoint                 downstream receiver (a notification webhook)
 =========  ===========================  =====================================================
 401, 403   AUTH_FAILED                  BUSINESS_REJECTED
+404        CONFIGURATION (no such model BUSINESS_REJECTED
+           or path)
 408        NETWORK_TIMEOUT              NETWORK_TIMEOUT
 409        NETWORK_TIMEOUT (our key is  DUPLICATE_EXECUTION (it already has our key: done)
            still in flight there)
@@ -42,11 +52,20 @@ status     LLM endpoint                 downstream receiver (a notification webh
 other 4xx  INPUT_QUALITY_ISSUE          BUSINESS_REJECTED
 5xx        NETWORK_TIMEOUT              NETWORK_TIMEOUT
 =========  ===========================  =====================================================
+
+An LLM endpoint's 400 that names a request setting in its ``param`` (``temperature``,
+``max_tokens``, ``response_format``, ``model``, …: ``SETTING_PARAMETERS``), or whose ``code`` is
+``model_not_found``, is CONFIGURATION too (``category_for_reply``): OpenAI answers a parameter the
+model refuses with 400 ``unsupported_value``/``unsupported_parameter``. A 400 about the messages
+(``context_length_exceeded``, ``param`` = ``messages``) stays INPUT_QUALITY_ISSUE: it is the
+document's (the engine first cuts such a document into sections when its analysis has them:
+``ai_pipeline.truncation``).
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 
@@ -57,6 +76,7 @@ class Layer(str, enum.Enum):
     BUSINESS = "business"
     RUNTIME = "runtime"
     INTERNAL = "internal"
+    SETTINGS = "settings"
 
 
 class Disposition(str, enum.Enum):
@@ -65,12 +85,15 @@ class Disposition(str, enum.Enum):
     REVIEW = "review"
     QUARANTINED = "quarantined"
     FAILED = "failed"
+    # The run stops; its documents stay as they were, for the next run.
+    STOPPED = "stopped"
 
 
 class Category(str, enum.Enum):
     NETWORK_TIMEOUT = "NETWORK_TIMEOUT"
     RATE_LIMIT_EXCEEDED = "RATE_LIMIT_EXCEEDED"
     AUTH_FAILED = "AUTH_FAILED"
+    CONFIGURATION = "CONFIGURATION"
     INPUT_QUALITY_ISSUE = "INPUT_QUALITY_ISSUE"
     SCHEMA_VIOLATION = "SCHEMA_VIOLATION"
     LOW_CONFIDENCE = "LOW_CONFIDENCE"
@@ -95,6 +118,11 @@ class Category(str, enum.Enum):
     def needs_person(self) -> bool:
         return RULES[self].disposition in (Disposition.REVIEW, Disposition.QUARANTINED)
 
+    @property
+    def stops_run(self) -> bool:
+        """A fault of the run's settings: the run stops, its documents are left as they were."""
+        return RULES[self].disposition == Disposition.STOPPED
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -113,6 +141,12 @@ RULES: dict[Category, Rule] = {
     ),
     Category.AUTH_FAILED: Rule(
         Layer.PROTOCOL, False, Disposition.FAILED, "refresh credentials once; then stop the run"
+    ),
+    Category.CONFIGURATION: Rule(
+        Layer.SETTINGS,
+        False,
+        Disposition.STOPPED,
+        "fix the setting; the documents stay as they were",
     ),
     Category.INPUT_QUALITY_ISSUE: Rule(
         Layer.PROTOCOL, False, Disposition.REVIEW, "no retry; input snapshot to the review queue"
@@ -174,4 +208,43 @@ def category_for_status(status: int, *, downstream: bool = False) -> Category:
         return Category.DUPLICATE_EXECUTION if downstream else Category.NETWORK_TIMEOUT
     if status in (401, 403) and not downstream:
         return Category.AUTH_FAILED
+    if status == 404 and not downstream:
+        return Category.CONFIGURATION
     return Category.BUSINESS_REJECTED if downstream else Category.INPUT_QUALITY_ISSUE
+
+
+# Request fields that are settings of the run (the model, its parameters, the reply's format), not
+# the document's content: an endpoint that refuses one refuses it for every document.
+SETTING_PARAMETERS = frozenset(
+    {
+        "model",
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "reasoning_effort",
+        "response_format",
+        "seed",
+        "n",
+        "stop",
+        "logprobs",
+        "top_logprobs",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "service_tier",
+        "verbosity",
+    }
+)
+
+
+def category_for_reply(
+    status: int, *, code: str | None = None, param: str | None = None
+) -> Category:
+    """The category of an LLM endpoint's error reply: its status, made precise by the ``code``
+    and ``param`` of OpenAI's error object (a setting the endpoint refuses is CONFIGURATION)."""
+    # A nested field names its setting first: ``response_format.json_schema.name``.
+    setting = re.split(r"[.\[]", param, maxsplit=1)[0] if param else None
+    if code == "model_not_found" or (status == 400 and setting in SETTING_PARAMETERS):
+        return Category.CONFIGURATION
+    return category_for_status(status)

@@ -9,6 +9,9 @@ retry reuses the same task id and ``Idempotency-Key``. What this client adds:
 - AUTH_FAILED (401/403): refresh the credentials once — re-read the key from its source — and
   resubmit; if that fails too the circuit opens and every other call of the run fails fast. Until a
   call has gone through, calls go one at a time, so bad credentials cost at most two requests;
+- CONFIGURATION (a model the endpoint does not have, a parameter it refuses, an address where
+  nothing listens): the circuit opens at the first such reply, with a message naming the setting
+  (``ai_pipeline.misconfiguration``); the calls already in flight are all the run sends;
 - a shared limiter (requests per minute, calls in flight) that keeps a run from causing 429s in the
   first place.
 
@@ -25,7 +28,7 @@ import subprocess
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,7 +36,8 @@ from opentelemetry import trace
 
 from ai_pipeline.declaration import ModelSettings
 from ai_pipeline.endpoints import request_parameters
-from ai_pipeline.failures import Category, ClassifiedError, category_for_status
+from ai_pipeline.failures import Category, ClassifiedError, category_for_reply
+from ai_pipeline.misconfiguration import connection_refused, refused_message, unreachable_message
 from ai_pipeline.redaction import redact, register_secret
 from ai_pipeline.retry import AttemptFailure, Log, NullLog, Retrier, RetryHook, parse_retry_after
 from ai_pipeline.tracing import mark_failed, span
@@ -125,7 +129,9 @@ def classify(error: BaseException) -> Category:
     if isinstance(error, openai.APIStatusError):
         status = getattr(error, "status_code", None)
         if isinstance(status, int) and 400 <= status <= 599:
-            return category_for_status(status)
+            return category_for_reply(
+                status, code=_text(error, "code"), param=_text(error, "param")
+            )
         return Category.INTERNAL_ERROR
     # APITimeoutError is a subclass of APIConnectionError: both are the network layer.
     if isinstance(error, (openai.APIConnectionError, TimeoutError, ConnectionError)):
@@ -140,6 +146,12 @@ def classify(error: BaseException) -> Category:
     ):
         return Category.SCHEMA_VIOLATION
     return Category.INTERNAL_ERROR
+
+
+def _text(error: BaseException, name: str) -> str | None:
+    """A field of the error object the endpoint sent (``code``, ``param``), when it is text."""
+    value = getattr(error, name, None)
+    return value if isinstance(value, str) else None
 
 
 def describe(error: BaseException) -> str:
@@ -319,6 +331,8 @@ class LLMClient:
         self._proven = False
         self._probe_failures = 0
         self._circuit: ClassifiedError | None = None
+        self._answered = False  # whether any call of the run got an HTTP reply, even an error
+        self.base_url = base_url
         import openai
 
         self._client = openai.AsyncOpenAI(
@@ -331,6 +345,11 @@ class LLMClient:
     @property
     def circuit_open(self) -> bool:
         return self._circuit is not None
+
+    @property
+    def circuit(self) -> ClassifiedError | None:
+        """Why the run stopped calling (None: it did not)."""
+        return self._circuit
 
     @property
     def in_flight(self) -> set[str]:
@@ -375,7 +394,8 @@ class LLMClient:
                         # gains nothing from calls made one at a time.
                         if e.category == Category.NETWORK_TIMEOUT:
                             self._probe_failures += 1
-                        if e.category != Category.AUTH_FAILED and (
+                            self._stop_if_unreachable(e, log)
+                        if e.category not in (Category.AUTH_FAILED, Category.CONFIGURATION) and (
                             e.category != Category.NETWORK_TIMEOUT
                             or self._probe_failures >= MAX_NETWORK_PROBES
                         ):
@@ -384,6 +404,16 @@ class LLMClient:
                     self._proven = True
                     return reply
         return await self._with_policy(task_id, request, log)
+
+    def _stop_if_unreachable(self, error: ClassifiedError, log: Log) -> None:
+        """A probe that failed on the network: when no call of the run ever had an answer and
+        the connection was refused (not timed out), the address is wrong, not the network slow:
+        the circuit opens with CONFIGURATION. An outage that times out stays NETWORK_TIMEOUT."""
+        if self._answered or not connection_refused(error.__cause__):
+            return
+        self._circuit = ClassifiedError(Category.CONFIGURATION, unreachable_message(self.base_url))
+        log.error(f"[CIRCUIT] CONFIGURATION: {self._circuit.message}: open, the run stops calling")
+        raise self._circuit from error
 
     def _fail_fast_if_open(self) -> None:
         if self._circuit is not None:
@@ -407,6 +437,8 @@ class LLMClient:
         async def recover(failure: AttemptFailure, attempt: int) -> AttemptFailure | None:
             """After a 401/403: refresh the credentials once and resubmit, else open the circuit."""
             nonlocal refreshed
+            if failure.category == Category.CONFIGURATION:
+                return self._open_for_setting(task_id, failure, request, log)
             if failure.category != Category.AUTH_FAILED:
                 return failure
             if refreshed:
@@ -435,6 +467,35 @@ class LLMClient:
             task_id, send, attempt_failure, log=log, on_retry=self.on_failure, recover=recover
         )
 
+    def _open_for_setting(
+        self, task_id: str, failure: AttemptFailure, request: _Request, log: Log
+    ) -> AttemptFailure:
+        """A reply that refuses a setting: the same request fails for every document, so the
+        circuit opens, with a message that says what to change."""
+        settings = request.settings
+        sent = {
+            "model": self.model,
+            "response_format": request.response_format.get("type"),
+            **request_parameters(
+                self.model,
+                temperature=settings.temperature,
+                max_output_tokens=settings.max_output_tokens,
+                reasoning_effort=settings.reasoning_effort,
+                limit_parameter=settings.limit_parameter,
+                send_temperature=settings.send_temperature,
+            ),
+        }
+        status = getattr(failure.cause, "status_code", None)
+        if failure.cause is not None and isinstance(status, int):
+            failure = replace(failure, message=refused_message(failure.cause, status, sent))
+        if self._circuit is None:
+            self._circuit = ClassifiedError(failure.category, failure.message)
+            log.error(
+                f"[CIRCUIT for TASK:{task_id}] {failure.category.value}: {failure.message}: open, "
+                "the run stops calling"
+            )
+        return failure
+
     async def _send(self, task_id: str, request: _Request, attempt: int = 1) -> LLMReply:
         with span("llm.attempt", task_id=task_id, **{"llm.model": self.model, "attempt": attempt}):
             return await self._attempt(task_id, request)
@@ -446,7 +507,10 @@ class LLMClient:
         except BaseException as e:
             if isinstance(e, Exception):
                 mark_failed(current, classify(e), describe(e))
+                if getattr(e, "status_code", None) is not None:
+                    self._answered = True  # an error reply is an answer: the address is right
             raise
+        self._answered = True
         current.set_attribute("llm.prompt_tokens", reply.prompt_tokens or 0)
         current.set_attribute("llm.completion_tokens", reply.completion_tokens or 0)
         return reply

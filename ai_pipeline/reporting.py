@@ -1,7 +1,7 @@
 """What the pipeline can say about its documents: the status report and the failure report.
 
 - ``status_report``: every document (or some) with its state, category, attempts, error and
-  summary, and the counts by state and category (``ai-pipeline status``, and the outcome that
+  summary, the counts by state and category, and why a run stopped before them (``stop_reason``) (``ai-pipeline status``, and the outcome that
   ``run``, ``demo`` and the ``--wait`` commands print).
 - ``build_report``: the failure report — counts by state and category, failures by day, success
   rate, tokens and estimated cost — built with pandas from the results (the rows the results IO
@@ -78,6 +78,8 @@ def status_report(
     return {
         "documents": rows,
         "omitted": omitted,
+        # Why a run stopped before these documents, when its settings were wrong (else None).
+        "stopped": stop_reason(docs),
         "counts": {
             "total": total,
             "by_state": by_state,
@@ -85,6 +87,18 @@ def status_report(
             "stale": stale,
         },
     }
+
+
+def stop_reason(docs: Iterable[DocumentRow]) -> str | None:
+    """The message of the latest run stop (a CONFIGURATION fault) among these documents, when one
+    of them is still waiting because of it; None when none is."""
+    held = [
+        d
+        for d in docs
+        if d.category is not None and d.category.stops_run and d.state == State.QUEUED
+    ]
+    latest = max(held, key=lambda d: d.updated_at, default=None)
+    return latest.last_error if latest is not None else None
 
 
 def current_versions(settings: Settings | None = None) -> tuple[str, str]:

@@ -11,7 +11,14 @@ import httpx2
 import openai
 import pytest
 
-from ai_pipeline.failures import RULES, Category, Disposition, Layer, category_for_status
+from ai_pipeline.failures import (
+    RULES,
+    Category,
+    Disposition,
+    Layer,
+    category_for_reply,
+    category_for_status,
+)
 from ai_pipeline.llm import Credentials, RateLimiter, classify
 from ai_pipeline.redaction import MASK, redact, register_secret
 from ai_pipeline_tests.support import FakeTime
@@ -39,7 +46,7 @@ EXPECTED_SDK_CATEGORIES = {
     "RateLimitError": C.RATE_LIMIT_EXCEEDED,
     "BadRequestError": C.INPUT_QUALITY_ISSUE,
     "UnprocessableEntityError": C.INPUT_QUALITY_ISSUE,
-    "NotFoundError": C.INPUT_QUALITY_ISSUE,
+    "NotFoundError": C.CONFIGURATION,
     "InternalServerError": C.NETWORK_TIMEOUT,
     "ConflictError": C.NETWORK_TIMEOUT,
     "LengthFinishReasonError": C.SCHEMA_VIOLATION,
@@ -118,6 +125,8 @@ def expected_for_status(status: int, downstream: bool) -> Category:
     """The docstring's table, written out independently of the implementation."""
     if status in (401, 403):
         return C.BUSINESS_REJECTED if downstream else C.AUTH_FAILED
+    if status == 404 and not downstream:
+        return C.CONFIGURATION
     if status == 408:
         return C.NETWORK_TIMEOUT
     if status == 409:
@@ -152,6 +161,7 @@ EXPECTED_LAYERS = {
     C.NETWORK_TIMEOUT: Layer.NETWORK,
     C.RATE_LIMIT_EXCEEDED: Layer.PROTOCOL,
     C.AUTH_FAILED: Layer.PROTOCOL,
+    C.CONFIGURATION: Layer.SETTINGS,
     C.INPUT_QUALITY_ISSUE: Layer.PROTOCOL,
     C.SCHEMA_VIOLATION: Layer.MODEL,
     C.LOW_CONFIDENCE: Layer.MODEL,
@@ -168,6 +178,7 @@ EXPECTED_DISPOSITIONS = {
     C.NETWORK_TIMEOUT: Disposition.RETRY,
     C.RATE_LIMIT_EXCEEDED: Disposition.RETRY,
     C.AUTH_FAILED: Disposition.FAILED,
+    C.CONFIGURATION: Disposition.STOPPED,
     C.INPUT_QUALITY_ISSUE: Disposition.REVIEW,
     C.SCHEMA_VIOLATION: Disposition.REVIEW,
     C.LOW_CONFIDENCE: Disposition.REVIEW,
@@ -214,6 +225,63 @@ def test_taxonomy_row(category: Category) -> None:
     assert category.retryable is retryable
     assert category.rule.retryable is retryable
     assert category.needs_person is (category in NEEDS_PERSON)
+    assert category.stops_run is (category == C.CONFIGURATION)
+
+
+def test_a_configuration_fault_says_to_fix_the_setting() -> None:
+    """CONFIGURATION's row: not retryable as a document's failure, neither reviewed nor dead
+    lettered, and its action says the documents stay as they were."""
+    rule = C.CONFIGURATION.rule
+    assert not rule.retryable
+    assert rule.disposition not in (Disposition.REVIEW, Disposition.QUARANTINED)
+    assert rule.action == "fix the setting; the documents stay as they were"
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "param", "expected"),
+    [
+        (400, "unsupported_value", "temperature", C.CONFIGURATION),
+        (400, "unsupported_parameter", "max_tokens", C.CONFIGURATION),
+        (400, "invalid_request_error", "reasoning_effort", C.CONFIGURATION),
+        (400, None, "response_format", C.CONFIGURATION),
+        (
+            400,
+            "missing_required_parameter",
+            "response_format.json_schema.name",
+            C.CONFIGURATION,
+        ),
+        (400, None, "model", C.CONFIGURATION),
+        (404, "model_not_found", None, C.CONFIGURATION),
+        (400, "model_not_found", None, C.CONFIGURATION),
+        (404, None, None, C.CONFIGURATION),
+        (400, "context_length_exceeded", "messages", C.INPUT_QUALITY_ISSUE),
+        (400, None, "messages", C.INPUT_QUALITY_ISSUE),
+        (400, None, None, C.INPUT_QUALITY_ISSUE),
+        (422, None, None, C.INPUT_QUALITY_ISSUE),
+        (401, "invalid_api_key", None, C.AUTH_FAILED),
+        (429, "rate_limit_exceeded", None, C.RATE_LIMIT_EXCEEDED),
+        (500, None, None, C.NETWORK_TIMEOUT),
+    ],
+)
+def test_category_for_reply_reads_the_code_and_param(
+    status: int, code: str | None, param: str | None, expected: Category
+) -> None:
+    """A 400 that names a request setting, or a model not found, is CONFIGURATION; one about the
+    messages stays the document's (INPUT_QUALITY_ISSUE); other statuses follow the status table."""
+    assert category_for_reply(status, code=code, param=param) == expected
+
+
+def test_classify_reads_the_error_object_of_a_400() -> None:
+    """The SDK's BadRequestError carries OpenAI's code and param: a refused temperature is
+    CONFIGURATION, a prompt too long is INPUT_QUALITY_ISSUE."""
+    response = httpx2.Response(400, request=REQUEST)
+    refused = {"message": "Unsupported value", "code": "unsupported_value", "param": "temperature"}
+    too_long = {"message": "too long", "code": "context_length_exceeded", "param": "messages"}
+    assert classify(openai.BadRequestError("x", response=response, body=refused)) == C.CONFIGURATION
+    assert (
+        classify(openai.BadRequestError("x", response=response, body=too_long))
+        == C.INPUT_QUALITY_ISSUE
+    )
 
 
 # --- redaction ----------------------------------------------------------------------------------

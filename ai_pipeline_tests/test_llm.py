@@ -216,9 +216,10 @@ def test_a_hanging_endpoint_is_network_timeout(hanging_server: SimulatorServer) 
     assert all("timed out" in line for line in log.warnings)
 
 
-@pytest.mark.parametrize("status", [400, 404, 422])
+@pytest.mark.parametrize("status", [400, 422])
 def test_input_quality_statuses_are_not_retried(simulator: SimulatorServer, status: int) -> None:
-    """400, 404 and 422 give INPUT_QUALITY_ISSUE after exactly one request, with no wait."""
+    """400 and 422 (naming no setting) give INPUT_QUALITY_ISSUE after exactly one request, with
+    no wait."""
     tid = task_id(str(status))
     simulator.set_faults([{"kind": "status", "status": status, "match": tid}])
     fake, log, hook = FakeTime(), RecordingLog(), Failures()

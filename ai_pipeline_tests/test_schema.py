@@ -62,13 +62,56 @@ def test_valid_reply_passes_all_four_checks() -> None:
     assert ev.outcomes[3].message == "all 3 entities in the document"
 
 
-def test_prose_around_json_is_a_schema_violation() -> None:
-    """JSON wrapped in prose (or a code fence) is not accepted: SCHEMA_VIOLATION."""
-    for reply in (
-        f"Here is the analysis:\n{_reply()}\nHope this helps!",
-        f"```json\n{_reply()}\n```",
-    ):
-        _assert_schema_violation(evaluate(reply, SOURCE), "Invalid JSON")
+@pytest.mark.parametrize(
+    ("reply", "note"),
+    [
+        (f"```json\n{_reply()}\n```", "taken out of a code fence"),
+        (f"```\n{_reply()}\n```\n", "taken out of a code fence"),
+        (f"Here is the analysis:\n{_reply()}", "taken out of 21 characters of prose"),
+        (f"Sure.\n{_reply()}\nHope this helps!", "characters of prose"),
+    ],
+)
+def test_json_in_a_code_fence_or_after_a_preface_is_unwrapped(reply: str, note: str) -> None:
+    """A JSON object inside a code fence or with prose around it is taken from its outermost
+    braces, passes the checks, and the schema outcome and the evaluation say it was unwrapped."""
+    ev = evaluate(reply, SOURCE)
+    assert ev.passed, ev.outcomes
+    assert ev.output == Analysis(**_analysis())
+    assert ev.unwrapped is not None and note in ev.unwrapped
+    schema = next(o for o in ev.outcomes if o.name == "schema")
+    assert note in schema.message
+
+
+def test_a_bare_json_reply_is_not_marked_unwrapped() -> None:
+    """A reply that is the JSON object alone (white space aside) records no unwrapping."""
+    ev = evaluate(f"\n  {_reply()}\n", SOURCE)
+    assert ev.passed and ev.unwrapped is None
+    assert ev.outcomes[1].message == "valid JSON with every field"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "The document is a service agreement between two companies; no JSON today.",
+        "Here is the analysis: {summary: a service agreement, confidence: high}",
+        f"```json\n{_reply()[:-40]}\n```",
+    ],
+    ids=["no-braces", "not-json", "cut-inside-fence"],
+)
+def test_prose_without_a_json_object_stays_a_schema_violation(reply: str) -> None:
+    """Prose with no JSON object in it, or with braces around something that is not the
+    expected JSON, is still SCHEMA_VIOLATION, reporting the reply as it came."""
+    _assert_schema_violation(evaluate(reply, SOURCE), "Invalid JSON")
+    assert evaluate(reply, SOURCE).unwrapped is None
+
+
+def test_an_empty_reply_after_reasoning_is_a_truncated_schema_violation() -> None:
+    """A reasoning model that spent its whole limit thinking answers "" with
+    finish_reason=length: classified as a truncated SCHEMA_VIOLATION that says it is empty."""
+    _assert_schema_violation(
+        evaluate("", SOURCE, finish_reason="length"), "truncated: the reply is empty"
+    )
+    _assert_schema_violation(evaluate("", SOURCE), "Invalid JSON")
 
 
 def test_missing_summary_is_a_schema_violation() -> None:

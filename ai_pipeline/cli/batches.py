@@ -16,6 +16,7 @@ from ai_pipeline.cli.common import (
     launcher,
     print_json,
     print_spend,
+    stopped,
     store,
 )
 
@@ -60,6 +61,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 f"{out['pending']} documents of the batch are not done (see: ai-pipeline batch "
                 f"{out['batch_id']}; ai-pipeline backfill --failed reruns what failed)"
             )
+        stopped(out)
         return EXIT_FAILED if out["failed"] or out["pending"] else EXIT_OK
     return EXIT_OK
 

@@ -1,7 +1,7 @@
 """What the ``ai-pipeline`` commands share: the instance, the launcher, output and exit codes.
 
 Exit codes: 0 success, 1 some documents failed (or were left unfinished), 2 a usage or
-configuration error.
+configuration error (also when a run stopped on a setting the endpoint refused: ``stopped``).
 
 Dagster, the store and pandas are imported where a command needs them, not when the parser is
 built: ``ai-pipeline --help`` answers in a fraction of a second.
@@ -288,5 +288,14 @@ def emit(args: argparse.Namespace, report: dict[str, Any]) -> None:
 
 
 def exit_code(report: dict[str, Any]) -> int:
+    """0 when every document completed, 1 when some did not; a run its settings stopped is a
+    configuration error: ``UsageError`` with the message that says what to change (exit 2)."""
+    stopped(report)
     done = all(r["state"] == State.COMPLETED.value for r in report["documents"])
     return EXIT_OK if done else EXIT_FAILED
+
+
+def stopped(report: dict[str, Any]) -> None:
+    """Raise ``UsageError`` when a run of the report stopped on a wrong setting."""
+    if report.get("stopped"):
+        raise UsageError(f"the run stopped, its documents left as they were: {report['stopped']}")

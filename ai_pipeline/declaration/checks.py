@@ -4,8 +4,10 @@ Up to four, in order, each with its category when it fails:
 
 - ``refusal``: the reply is a refusal ("I don't know", "我无法回答", …; the phrase library is data
   in ``data/refusal_phrases.txt``, plus the analysis's own phrases) → MODEL_REFUSAL;
-- ``schema``: strict JSON of exactly the output model, nothing around it, not truncated
-  → SCHEMA_VIOLATION;
+- ``schema``: strict JSON of exactly the output model, not truncated → SCHEMA_VIOLATION. A JSON
+  object inside a code fence or after a short preface, as models write them, is taken from the
+  outermost braces (``unwrap``) and the outcome says so; prose with no such object is still a
+  violation;
 - ``confidence`` (when a confidence field is declared): at or above the threshold (0.75 by
   default) → LOW_CONFIDENCE;
 - ``grounding`` (when grounded fields are declared): every value occurs in the source text after
@@ -16,6 +18,7 @@ Nothing here calls a model or knows Dagster, and nothing names a field of any on
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import unicodedata
@@ -77,6 +80,8 @@ class Evaluation:
 
     outcomes: list[CheckOutcome] = field(default_factory=list)
     output: BaseModel | None = None
+    # How the JSON was taken out of the text around it (a code fence, a preface), when it was.
+    unwrapped: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -91,6 +96,20 @@ class Evaluation:
         if hallucination:
             return hallucination[0]
         return failed[0] if failed else None
+
+
+def unwrap(reply: str) -> tuple[str, str] | None:
+    """The JSON object of a reply with text around it — the outermost braces — and a note of
+    what was around it; None when there is nothing to unwrap."""
+    start, end = reply.find("{"), reply.rfind("}")
+    if start < 0 or end < start:
+        return None
+    before, after = reply[:start].strip(), reply[end + 1 :].strip()
+    if not before and not after:
+        return None
+    fenced = before.startswith("```") or after.endswith("```")
+    around = "a code fence" if fenced else f"{len(before) + len(after)} characters of prose"
+    return reply[start : end + 1], f"the JSON object was taken out of {around} around it"
 
 
 def _schema_error(e: ValidationError) -> str:
@@ -144,6 +163,11 @@ def evaluate(
         parsed: BaseModel | None = model.model_validate_json(reply)
     except ValidationError as e:
         parsed, schema_problem = None, _schema_error(e)
+        inner = unwrap(reply) if finish_reason != "length" else None
+        if inner is not None:
+            # Else the first problem, of the reply as it came, is the one reported.
+            with contextlib.suppress(ValidationError):
+                parsed, ev.unwrapped = model.model_validate_json(inner[0]), inner[1]
     # A reply that parses is an output even if a field quotes a refusal phrase; only the model's
     # own words are looked at then, and a phrase the document holds is a quote.
     if parsed is not None:
@@ -163,11 +187,13 @@ def evaluate(
     ev.outcomes.append(CheckOutcome("refusal", True, "no refusal phrase"))
 
     if finish_reason == "length":
+        # A reasoning model can spend the whole limit thinking: the content is then empty.
+        what = "the reply is empty" if not reply.strip() else "the reply was cut off"
         ev.outcomes.append(
             CheckOutcome(
                 "schema",
                 False,
-                "the reply was cut off at the token limit (finish_reason=length)",
+                f"truncated: {what} at the token limit (finish_reason=length)",
                 Category.SCHEMA_VIOLATION,
             )
         )
@@ -183,7 +209,8 @@ def evaluate(
         )
         return ev
     ev.output = parsed
-    ev.outcomes.append(CheckOutcome("schema", True, "valid JSON with every field"))
+    note = f" ({ev.unwrapped})" if ev.unwrapped else ""
+    ev.outcomes.append(CheckOutcome("schema", True, f"valid JSON with every field{note}"))
 
     if confidence_field is not None:
         confidence = float(getattr(parsed, confidence_field))

@@ -199,6 +199,24 @@ def analyse_documents(
             f"{len(elsewhere)} documents were in progress in other runs and were left to them: "
             + ", ".join(f"[TASK:{d.task_id}] in {d.holder}" for _, d in sorted(elsewhere.items()))
         )
+    stopped = [f for f in failed.values() if f.category.stops_run]
+    if stopped:
+        # The run's settings are wrong: one message says which; the documents are left as they
+        # were in the results database (QUEUED, no attempt counted, nobody's review).
+        circuit = analyser.llm.circuit
+        reason = circuit.message if circuit is not None else stopped[0].error
+        _mark_failed(context, {d: f for d, f in failed.items() if not f.category.stops_run})
+        raise dg.Failure(
+            description=f"the run stopped ({stopped[0].category.value}): {reason}",
+            metadata={
+                "category": dg.MetadataValue.text(stopped[0].category.value),
+                "reason": dg.MetadataValue.text(reason),
+                "documents_left_as_they_were": dg.MetadataValue.int(len(stopped)),
+                "failed": dg.MetadataValue.int(len(failed) - len(stopped)),
+                "spend": dg.MetadataValue.text(spend_line),
+            },
+            allow_retries=False,
+        )
     if failed:
         _mark_failed(context, failed)
         raise dg.Failure(

@@ -55,7 +55,7 @@ from ai_pipeline.intake import (
 )
 from ai_pipeline.progress import Progress
 from ai_pipeline.reconcile import RUN_OVER, reconcile
-from ai_pipeline.reporting import current_task_suffix, current_versions, status_report
+from ai_pipeline.reporting import current_task_suffix, current_versions, status_report, stop_reason
 from ai_pipeline.review import approve as record_approval
 from ai_pipeline.settings import Settings
 from ai_pipeline.spend import BUDGET_TAG, Budget, batch_budget_key
@@ -506,6 +506,7 @@ class Launcher:
             "pending": len(ids) - len(succeeded) - len(failed),
             "failed_ids": failed,
             "failures": {d: _failure(docs[d]) for d in failed},
+            "stopped": stop_reason(docs.values()),
             "spend": self.store.spend.total(ids).as_dict(),
             "budget": budget.as_dict() if budget else None,
         }

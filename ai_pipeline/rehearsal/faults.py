@@ -139,6 +139,9 @@ class SimulatorConfig:
     # The model names served (a request for another gets 404 model_not_found). None serves any
     # name and lists ``model``; in OpenAI rules mode None serves OPENAI_MODELS and ``model``.
     models: tuple[str, ...] | None = None
+    # The context window, in tokens of the document text: a longer request gets 400
+    # ``context_length_exceeded`` (``param`` = ``messages``), as OpenAI answers it. None: no limit.
+    context_tokens: int | None = None
     # Report ``usage.prompt_tokens_details.cached_tokens`` (None: in OpenAI rules mode only).
     prompt_caching: bool | None = None
 

@@ -148,6 +148,16 @@ def create_app(config: SimulatorConfig) -> Starlette:
     def refused(chat: ChatRequest) -> openai_rules.RequestError | None:
         """What OpenAI rules mode, or the list of models served, refuses in this request."""
         model, suffix = chat.model, config.served_model_suffix
+        tokens = estimate_tokens(chat.text) if chat.text is not None else 0
+        if config.context_tokens is not None and tokens > config.context_tokens:
+            return openai_rules.RequestError(
+                400,
+                f"This model's maximum context length is {config.context_tokens} tokens. "
+                f"However, your messages resulted in {tokens} tokens. Please reduce the length "
+                "of the messages.",
+                "messages",
+                "context_length_exceeded",
+            )
         if (
             model is not None
             and served is not None

@@ -74,8 +74,8 @@ FAULT_TABLE = [
     ),
     _row("400", {"kind": "status", "status": 400}, Category.INPUT_QUALITY_ISSUE, 1),
     _row("422", {"kind": "status", "status": 422}, Category.INPUT_QUALITY_ISSUE, 1),
-    _row("truncate", {"kind": "truncate"}, Category.SCHEMA_VIOLATION, 1),
-    _row("invalid_json", {"kind": "invalid_json"}, Category.SCHEMA_VIOLATION, 1),
+    # Cut off: asked once more with twice the limit, cut off again (``ai_pipeline.truncation``).
+    _row("truncate", {"kind": "truncate"}, Category.SCHEMA_VIOLATION, 2),
     _row("missing_field", {"kind": "missing_field"}, Category.SCHEMA_VIOLATION, 1),
     _row("wrong_type", {"kind": "wrong_type"}, Category.SCHEMA_VIOLATION, 1),
     _row("low_confidence", {"kind": "low_confidence"}, Category.LOW_CONFIDENCE, 1),
@@ -402,3 +402,26 @@ def test_failed_status_is_exact_per_document_and_stage_whichever_planned_events(
         assert {p for _, p in planned_partitions} == {rejected, unsure}
     else:
         assert {p for _, p in planned_partitions} == set(keys)
+
+
+def test_json_wrapped_in_prose_completes_and_says_it_was_unwrapped(
+    instance: dg.DagsterInstance, simulator, tmp_path: Path
+) -> None:
+    """The simulator's invalid_json fault (the JSON in a sentence of prose, as models write it)
+    is unwrapped: the document completes after one request, and its llm_analysis
+    materialization records the unwrapping."""
+    texts = _inbox(tmp_path, n_good=1)
+    target = doc_id(texts["target.txt"])
+    simulator.set_faults([{"kind": "invalid_json", "match": task_of(target)}])
+
+    report = _run(tmp_path)
+
+    simulator.set_faults([])
+    assert _by_id(report)[target]["state"] == "COMPLETED"
+    assert simulator.requests_for(task_of(target)) == 1
+    (record,) = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=LLM_ANALYSIS, asset_partitions=[target]), limit=1
+    ).records
+    assert record.asset_materialization is not None
+    note = record.asset_materialization.metadata["reply_unwrapped"]
+    assert "characters of prose" in str(note.value)
