@@ -42,6 +42,10 @@ SAMPLES = (
 CONCURRENCY = 2
 # What the output checks decide about a reply that parsed: the model layer of the taxonomy.
 CHECKED = {Category.LOW_CONFIDENCE, Category.MODEL_HALLUCINATION, Category.MODEL_REFUSAL}
+# First run against a llama-server built from source on a loaded two-core machine: 2.4 generated
+# tokens/s, the first reply still running at the 240 s timeout (the output limit is 4,096): the
+# run did not finish in 400 s. Off until a reply is bounded in time as well as in tokens.
+NOT_YET = pytest.mark.skip(reason="first real run timed out: a reply may run to 4,096 tokens")
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +70,7 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServ
         server.stop()
 
 
+@NOT_YET
 @pytest.mark.slow
 @pytest.mark.realmodel
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
@@ -133,6 +138,7 @@ def test_document_analysis_against_llama_server(
     print(json.dumps({"outcomes": list(outcomes.values()), "attempts": attempts}, default=str))
 
 
+@NOT_YET
 @pytest.mark.slow
 @pytest.mark.realmodel
 def test_llama_server_enforces_a_strict_schema_but_not_json_mode(llama_server: LlamaServer) -> None:
