@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from typing import Any
 
@@ -142,18 +142,8 @@ class ResultRow:
         return {"document_id": values.pop("document_id"), **values.pop("output"), **values}
 
 
-_ROW_FIELDS = {
-    "task_id",
-    "model",
-    "prompt_version",
-    "sources",
-    "prompt_tokens",
-    "completion_tokens",
-    "sections",
-    "created_at",
-    "updated_at",
-    "document_id",
-}
+# What a results row records beside the output's fields.
+_ROW_FIELDS = {f.name for f in fields(ResultRow)} - {"output"}
 
 
 @dataclass(frozen=True)
