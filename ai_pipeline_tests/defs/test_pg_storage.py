@@ -76,7 +76,10 @@ def test_a_connection_the_server_dropped_is_replaced(
         with postgres_databases.engine.connect() as conn:
             ended = conn.execute(
                 sa.text(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    # With a timeout it returns once each backend has exited (its socket
+                    # closed), as after a restart; without one it only signals them, and the
+                    # next checkout may race a session still ending.
+                    "SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity "
                     "WHERE datname = :name AND pid <> pg_backend_pid()"
                 ),
                 {"name": database},
