@@ -1,12 +1,13 @@
 """The jobs, and the run requests that cover a range of documents.
 
-Both jobs run in process (the executor is set once, on the ``Definitions``): every run is one step
-that analyses many documents concurrently, and a subprocess per step would only add seconds.
+Both jobs run in process: every run is one step that analyses many documents concurrently, and a
+subprocess per step would only add seconds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import dagster as dg
 
@@ -29,12 +30,14 @@ def build_jobs(site: Site) -> tuple[dg.UnresolvedAssetJobDefinition, ...]:
         partitions_def=site.partitions_def,
         description="Analyse a range of documents: text → LLM → checks → upserted results.",
         tags=tags,
+        executor_def=dg.in_process_executor,
     )
     report = dg.define_asset_job(
         site.report_job_name,
         selection=dg.AssetSelection.assets(site.key("failure_report")),
         description="Build the failure report from the results and the failure events.",
         tags=tags,
+        executor_def=dg.in_process_executor,
     )
     return analysis, report
 
@@ -52,11 +55,17 @@ def range_tags(document_ids: Sequence[str]) -> dict[str, str]:
 
 
 def range_run_request(
-    document_ids: Sequence[str], *, prefix: str, job_name: str = ANALYSIS_JOB_NAME
+    document_ids: Sequence[str],
+    *,
+    prefix: str,
+    job_name: str = ANALYSIS_JOB_NAME,
+    run_config: Mapping[str, Any] | None = None,
 ) -> dg.RunRequest:
-    """A run for a batch of newly added (so contiguous) documents, keyed by the batch's content."""
+    """A run for a batch of newly added (so contiguous) documents, keyed by the batch's content
+    (and ``run_config``, when it names the documents of the range to work on)."""
     return dg.RunRequest(
         run_key=f"{prefix}:{batch_key(document_ids)}",
         job_name=job_name,
+        run_config=run_config or {},
         tags=range_tags(document_ids),
     )

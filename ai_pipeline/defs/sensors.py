@@ -17,14 +17,14 @@ import dagster as dg
 
 from ai_pipeline.defs.backfills import backfill_ended
 from ai_pipeline.defs.jobs import range_run_request
-from ai_pipeline.defs.partitions import missing_partitions
+from ai_pipeline.defs.partitions import missing_partitions, naming_config
 from ai_pipeline.defs.resources import PipelineSettings, ResultsStore
 from ai_pipeline.defs.run_ends import mark_ended_runs
 from ai_pipeline.defs.schedules import NIGHTLY_TAG
 from ai_pipeline.defs.site import ANALYSIS_TAG, DEFAULT_SITE, Site
 from ai_pipeline.documents import display_path
 from ai_pipeline.inbox import InboxCursor, scan_inbox
-from ai_pipeline.intake import batches, register_files
+from ai_pipeline.intake import batches, register_files, unique_in_order
 from ai_pipeline.reconcile import reconcile
 from ai_pipeline.review import WEB_REVIEWER
 from ai_pipeline.states import State
@@ -121,9 +121,13 @@ def _inbox_tick(
             skip_reason=dg.SkipReason(f"no new files in {config.inbox} (a folder changed)"),
         )
     registered = register_files(store, paths, max_bytes=config.max_document_bytes)
-    new_ids = missing_partitions(
+    missing = missing_partitions(
         context.instance, [r.document_id for r in registered], site.partitions
     )
+    # New to this analysis: not yet a partition, or a partition another analysis of the location
+    # added (they share it) whose content this analysis's store had never seen.
+    first_seen = {r.document_id for r in registered if r.new}
+    new_ids = [*missing, *(d for d in unique_in_order(first_seen) if d not in set(missing))]
     aliases = len(registered) - len(new_ids)
     context.log.info(
         f"{len(paths)} new files: {len(new_ids)} new documents, {aliases} already known"
@@ -143,12 +147,21 @@ def _inbox_tick(
             skip_reason=dg.SkipReason(f"{aliases} files with content already known"),
         )
     store.documents.queue(new_ids)
+    shared = set(new_ids) - set(missing)
     return dg.SensorResult(
         run_requests=[
-            range_run_request(batch, prefix="inbox", job_name=site.job_name)
+            range_run_request(
+                batch,
+                prefix="inbox",
+                job_name=site.job_name,
+                # Partitions another analysis added: the range may hold others of its documents.
+                run_config=naming_config(batch, site.op) if shared & set(batch) else None,
+            )
             for batch in batches(new_ids, config.documents_per_run)
         ],
-        dynamic_partitions_requests=[site.partitions_def.build_add_request(new_ids)],
+        dynamic_partitions_requests=[site.partitions_def.build_add_request(missing)]
+        if missing
+        else [],
         cursor=scan.cursor.serialize(),
     )
 
