@@ -48,6 +48,7 @@ def make_project(root: Path) -> Path:
 
             [tool.dg.project]
             root_module = "{PACKAGE}"
+            code_location_name = "{PACKAGE}"
             """
         )
     )
@@ -102,3 +103,63 @@ def dg(
 
 def defs_yaml(root: Path, name: str) -> Path:
     return root / "src" / PACKAGE / "defs" / name / "defs.yaml"
+
+
+def write_analyses(root: Path) -> None:
+    """Two analyses in the project: the team's ticket triage and the built-in contract review."""
+    import yaml
+
+    triage = root / "src" / PACKAGE / "defs" / "ticket_triage"
+    triage.mkdir(parents=True, exist_ok=True)
+    (triage / "models.py").write_text(TICKET_MODEL)
+    (triage / "defs.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "type": COMPONENT,
+                "attributes": {
+                    "name": "ticket_triage",
+                    "instructions": "Triage the support ticket.",
+                    "output_model": f"{PACKAGE}.defs.ticket_triage.models:Ticket",
+                    "confidence_field": "confidence",
+                    "grounded_fields": ["quotes"],
+                },
+            }
+        )
+    )
+    contracts = root / "src" / PACKAGE / "defs" / "contracts"
+    contracts.mkdir(parents=True, exist_ok=True)
+    (contracts / "defs.yaml").write_text(
+        yaml.safe_dump({"type": COMPONENT, "attributes": {"analysis": "contract_review"}})
+    )
+
+
+def write_workspace(root: Path) -> Path:
+    """A workspace.yaml that loads the project's code location (as ``dg dev`` does)."""
+    path = root / "workspace.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            load_from:
+              - python_module:
+                  module_name: {PACKAGE}.definitions
+                  attribute: defs
+                  working_directory: {root / "src"}
+                  location_name: {PACKAGE}
+            """
+        )
+    )
+    return path
+
+
+def ai_pipeline(
+    root: Path, home: Path, *args: str, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """``ai-pipeline ARGS`` as a user runs it in the project (a process of its own)."""
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "ai-pipeline"), *args],
+        cwd=root,
+        env=project_env(root, home),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -35,6 +35,15 @@ from ai_pipeline.tasks import ANALYSE_STEP, task_id
 SUBMISSIONS_INTERVAL_SECONDS = 5
 
 
+def _in_partition_order(
+    instance: dg.DagsterInstance, site: Site, document_ids: set[str]
+) -> list[str]:
+    """Documents that are partitions already, in partition order (a range run's range is)."""
+    if not document_ids:
+        return []
+    return [k for k in instance.get_dynamic_partitions(site.partitions) if k in document_ids]
+
+
 def _resources(site: Site, *names: str) -> dict[str, Any]:
     return {"required_resource_keys": {site.name(n) for n in names}}
 
@@ -126,8 +135,9 @@ def _inbox_tick(
     )
     # New to this analysis: not yet a partition, or a partition another analysis of the location
     # added (they share it) whose content this analysis's store had never seen.
-    first_seen = {r.document_id for r in registered if r.new}
-    new_ids = [*missing, *(d for d in unique_in_order(first_seen) if d not in set(missing))]
+    first_seen = unique_in_order(r.document_id for r in registered if r.new)
+    shared = set(first_seen) - set(missing)
+    new_ids = [*_in_partition_order(context.instance, site, shared), *missing]
     aliases = len(registered) - len(new_ids)
     context.log.info(
         f"{len(paths)} new files: {len(new_ids)} new documents, {aliases} already known"
@@ -147,7 +157,6 @@ def _inbox_tick(
             skip_reason=dg.SkipReason(f"{aliases} files with content already known"),
         )
     store.documents.queue(new_ids)
-    shared = set(new_ids) - set(missing)
     return dg.SensorResult(
         run_requests=[
             range_run_request(
