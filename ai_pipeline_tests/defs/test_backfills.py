@@ -3,7 +3,7 @@
 Each test starts from documents that really failed (faults injected at the simulator, then run
 through Dagster by ``process_inbox``) and checks what a rerun touched: the runs and the partitions
 they cover, the requests the simulator received per task id, the documents' states and Dagster's
-partition statuses. Backfills run only in a daemon (DESIGN.md, decision 7), so the tests marked
+partition statuses. Backfills run only in a daemon, so the tests marked
 ``daemon`` start a real ``dagster-daemon`` (and, for the UI, ``dagster-webserver``): the daemon
 fixture of ``conftest.py``, the processes of ``ai_pipeline_tests.dagster_procs``, whose backfill
 loop pauses 3 s instead of Dagster's 30. Each daemon test runs on one backend (named at its
