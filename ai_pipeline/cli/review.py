@@ -95,7 +95,11 @@ def add_commands(sub: Any) -> None:
         "problems, hallucinations, downstream business rejections.",
     )
     actions = review.add_subparsers(dest="review_command", required=True, metavar="ACTION")
-    p = actions.add_parser("list", help="open items", description="List open review items.")
+    p = actions.add_parser(
+        "list",
+        help="open items",
+        description="List open review items: document, category, error, input snapshot, age.",
+    )
     p.add_argument("--category", action="append", metavar="C", help="only this category")
     add_output_flags(p)
     p.set_defaults(func=cmd_review_list)
