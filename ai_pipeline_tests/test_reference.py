@@ -94,6 +94,7 @@ WRITTEN_INTO_A_CHECKOUT = [
     "ai_pipeline.sqlite",
     "ai_pipeline.sqlite-wal",
     "ai_pipeline.contract_review.sqlite",
+    ".ai_pipeline.lock",
 ]
 
 
