@@ -79,6 +79,32 @@ def test_the_readme_test_command_is_the_one_ci_runs() -> None:
     assert f"\n{command}\n" in (REPO / "README.md").read_text(encoding="utf-8")
 
 
+# Commands that serve until stopped: pasted in the foreground, nothing after them would run.
+SERVERS = ("dagster dev", "dagster-daemon", "simulate-llm", "ai-pipeline serve", "receive-webhooks")
+
+
+def walkthrough_blocks() -> list[list[str]]:
+    """The shell blocks of the README's walkthrough, each as its lines."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Watching it in the Dagster UI", 1)[1].split("\n## ", 1)[0]
+    return [block.strip().splitlines() for block in re.findall(r"```bash\n(.*?)```", section, re.S)]
+
+
+def test_the_walkthrough_runs_a_server_in_the_foreground_only_last() -> None:
+    """Pasted block by block, each of the README's walkthrough blocks runs to its end: a command
+    that serves until stopped is either sent to the background or the block's last line."""
+    blocks = walkthrough_blocks()
+    assert len(blocks) == 2, "one block per terminal"
+    blocking = [
+        line
+        for block in blocks
+        for line in block[:-1]
+        if any(server in line for server in SERVERS)
+        and not line.split("#")[0].rstrip().endswith("&")
+    ]
+    assert blocking == []
+
+
 # What the README's walkthrough, the demo and the product write into a checkout used as DAGSTER_HOME.
 WRITTEN_INTO_A_CHECKOUT = [
     "tenants.yaml",
