@@ -6,8 +6,8 @@ backfills alike; a single document is a range of one) and analyses its documents
 outputs, so instead, per document and stage, the step yields an ``AssetMaterialization`` once that
 stage's checkpoint is durable, and an ``AssetCheckEvaluation`` for each check of the LLM output. If
 any document failed, the step ends by raising ``Failure`` listing each failed document and its
-category: Dagster then shows FAILED for exactly those documents, from the stage that failed on
-(DESIGN.md, decision 3). When run creation wrote one planned event per asset rather than one per
+category: Dagster then shows FAILED for exactly those documents, from the stage that failed on.
+When run creation wrote one planned event per asset rather than one per
 document (``DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS``), the step first writes the failed
 documents' per-partition planned events itself (``_mark_failed``), which that status rests on.
 
