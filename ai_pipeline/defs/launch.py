@@ -410,8 +410,9 @@ class Launcher:
         """Plan (and unless ``dry_run`` launch) a backfill of the completed documents whose
         analysis was made under another prompt version or model: their new task ids make new
         calls, and the analyses they replace stay in the results history."""
-        version, model = current_versions(self.settings)
-        stale = self.store.results.stale(current_task_suffix(self.settings))
+        store = self.store
+        version, model = current_versions(self.settings, store.analysis)
+        stale = store.results.stale(current_task_suffix(self.settings, store.analysis))
         docs = {d.document_id: d for d in self.store.documents.rows(r.document_id for r in stale)}
         selected = [
             {
