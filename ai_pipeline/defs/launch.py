@@ -62,6 +62,7 @@ from ai_pipeline.spend import BUDGET_TAG, Budget, batch_budget_key
 from ai_pipeline.states import State
 from ai_pipeline.store import Store, open_store
 from ai_pipeline.store.rows import Decision, DocumentRow
+from ai_pipeline.tasks import SECTION_STEP_PREFIX
 from ai_pipeline.trace import trace
 
 QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
@@ -69,6 +70,23 @@ QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}
 
 def _silent(message: str) -> None:
     pass
+
+
+# A run of at most this many documents also shows how far its long documents are ("clause 4/12").
+SECTIONS_SHOWN_UP_TO = 10
+
+
+def _sections_line(store: Store, document_ids: Sequence[str]) -> str:
+    """`` · clause k/n`` for each running document cut into sections (as its analysis names
+    them), the one it is analysing next."""
+    sections = store.analysis.sections
+    label = sections.label if sections is not None else "section"
+    parts = []
+    for doc in store.documents.rows(document_ids):
+        if doc.state == State.RUNNING and doc.sections:
+            done = store.checkpoints.count_for(doc.document_id, SECTION_STEP_PREFIX)
+            parts.append(f"{label} {min(done + 1, doc.sections)}/{doc.sections}")
+    return "".join(f" · {p}" for p in parts)
 
 
 @dataclass(frozen=True)
@@ -142,6 +160,8 @@ class Launcher:
 
         def show(final: bool) -> None:
             line = progress.line(store.documents.count_by_state(document_ids))
+            if not final and len(document_ids) <= SECTIONS_SHOWN_UP_TO:
+                line += _sections_line(store, document_ids)
             (self.progress if final else self.live)(line)
 
         return show
