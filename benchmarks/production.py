@@ -52,6 +52,7 @@ from throughput import (  # noqa: E402
     make_inbox,
 )
 
+HERE = Path(__file__).resolve().parent
 API_KEY = "sim-bench-key"
 MODEL = "sim-analyst-1"
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -259,6 +260,12 @@ def one_pass(
         OPENAI_API_KEY=API_KEY,
         AI_PIPELINE_MODEL=MODEL,
     )
+    if args.analysis:
+        # A declaration by import path: this folder is importable by every process of the run.
+        env.update(
+            AI_PIPELINE_ANALYSIS=args.analysis,
+            PYTHONPATH=os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p),
+        )
     if not args.per_partition_planned_events:
         env.setdefault("DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS", "1")
 
@@ -344,6 +351,11 @@ def main() -> int:
         action="store_true",
         help="with --backend postgres: dagster-postgres's storage (a connection per call) instead "
         "of the pooled one of deploy/dagster.yaml",
+    )
+    parser.add_argument(
+        "--analysis",
+        help="the analysis (a built-in's name or a Declaration's import path; this folder is "
+        "importable); default: the built-in document_analysis",
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
