@@ -16,9 +16,9 @@ checkpoints make every rerun free of repeated LLM calls. Its runs are planned he
 Dagster: Dagster's ``BackfillPolicy`` cuts only *contiguous* partitions into runs, so 50 failures
 scattered over 1,000 documents would become 50 runs of one document, each paying a run's start.
 ``plan_runs`` takes the selected documents in partition order, up to the run size
-(``AI_PIPELINE_BACKFILL_RUN_SIZE``, or fewer so that the documents fill every run slot of the
-queue) per run whatever their position: each run's range spans its
-documents and its config names them (``ai_pipeline.defs.partitions``), so the documents of the
+(``planned_run_size``: enough that the runs fill the run queue's slots in one wave, unless
+``AI_PIPELINE_BACKFILL_RUN_SIZE`` says otherwise) per run whatever their position: each run's
+range spans its documents and its config names them (``ai_pipeline.defs.partitions``), so the documents of the
 range it does not name cost nothing — no call, no event, their status unchanged. The backfill is
 handed to the daemon with those runs to submit and every target partition counted as requested
 (the state Dagster's own daemon writes before it submits the runs it planned), so the daemon
@@ -39,7 +39,7 @@ from typing import Any
 
 import dagster as dg
 
-from ai_pipeline.defs.assets import ANALYSIS_KEYS, ANALYSIS_RESULTS
+from ai_pipeline.defs.assets import ANALYSIS_KEYS, ANALYSIS_RESULTS, DOCUMENTS_PER_BACKFILL_RUN
 from ai_pipeline.defs.dagster_private import (
     BULK_ACTION_TERMINAL_STATUSES,
     BulkActionsFilter,
@@ -51,6 +51,7 @@ from ai_pipeline.defs.dagster_private import (
 from ai_pipeline.defs.jobs import range_tags
 from ai_pipeline.defs.partitions import PARTITIONS_NAME, documents_partitions, naming_config
 from ai_pipeline.failures import Category
+from ai_pipeline.settings import Settings
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline.store.rows import DocumentRow
@@ -173,6 +174,47 @@ def plan_runs(
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
+# The most documents one run of a backfill takes when the run size is left to the product: the
+# largest measured (10,000 documents in one wave of four runs, benchmarks/README.md). Creating a run
+# costs time in proportion to its documents, and a run that dies takes its documents with it.
+MAX_DOCUMENTS_PER_RUN = 2500
+
+
+def backfill_run_size(
+    documents: int,
+    run_slots: int | None,
+    llm_concurrency: int,
+    *,
+    most: int = MAX_DOCUMENTS_PER_RUN,
+) -> int:
+    """Documents per run so that a backfill's runs fill the run queue's ``run_slots``
+    (``max_concurrent_runs``) in one wave: ceil(documents / slots). A run takes at least
+    ``llm_concurrency`` documents (fewer cannot keep its LLM calls busy; more runs would only
+    add process starts) and at most ``most``; above ``most`` × slots, the runs come in full
+    waves of equal runs. A queue with no limit (or closed, or none) gives Dagster's planning
+    size, ``DOCUMENTS_PER_BACKFILL_RUN``."""
+    if run_slots is None or run_slots < 1:
+        return DOCUMENTS_PER_BACKFILL_RUN
+    if documents < 1:
+        return 1
+    waves = -(-documents // (run_slots * most))
+    size = -(-documents // (run_slots * waves))
+    return max(1, min(most, max(size, min(documents, llm_concurrency))))
+
+
+def planned_run_size(instance: dg.DagsterInstance, documents: int) -> int:
+    """The run size of a backfill of ``documents`` that this package plans: the
+    ``AI_PIPELINE_BACKFILL_RUN_SIZE`` override when set, else ``backfill_run_size`` from the
+    instance's run queue (``run_coordinator``'s ``max_concurrent_runs`` in ``dagster.yaml``) and
+    the runs' LLM concurrency."""
+    settings = Settings.load()
+    if settings.backfill_run_size is not None:
+        return settings.backfill_run_size
+    queue = instance.get_concurrency_config().run_queue_config
+    slots = queue.max_concurrent_runs if queue is not None else None
+    return backfill_run_size(documents, slots, settings.llm_concurrency)
+
+
 def run_request_for(
     documents: Sequence[str],
     position: Mapping[str, int],
@@ -196,14 +238,7 @@ def _with_planned_runs(
     """``backfill`` handed to the daemon with its runs planned (``plan_runs``): the daemon
     submits them as it resumes a backfill whose runs it had planned, and plans none itself."""
     keys = instance.get_dynamic_partitions(PARTITIONS_NAME)
-    policy = asset_graph.get(ANALYSIS_RESULTS).backfill_policy
-    run_size = (policy.max_partitions_per_run if policy else None) or len(document_ids)
-    # A few documents go in as many runs as there are run slots, not all in one run: each run
-    # calls the LLM only so many at a time.
-    queue = instance.get_concurrency_config().run_queue_config
-    slots = queue.max_concurrent_runs if queue is not None else None
-    if slots is not None and slots > 0:
-        run_size = min(run_size, -(-len(document_ids) // slots))
+    run_size = planned_run_size(instance, len(document_ids))
     position = {key: i for i, key in enumerate(keys)}
     check_keys = list(asset_graph.get_check_keys_for_assets(set(ANALYSIS_KEYS)))
     requests = [
