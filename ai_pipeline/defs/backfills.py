@@ -331,6 +331,60 @@ def settled_status(
     ).value
 
 
+# The run statuses in which a run has begun its documents (or is over).
+_STARTED_OR_OVER = frozenset(
+    dg.DagsterRunStatus[name] for name in ("STARTED", "CANCELING", "SUCCESS", "FAILURE", "CANCELED")
+)
+
+
+def documents_settled_status(
+    instance: dg.DagsterInstance,
+    backfill_id: str,
+    ended_in: Callable[[list[str]], bool],
+    all_completed: Callable[[], bool],
+) -> str | None:
+    """The status a running backfill is bound to end in, as soon as its last document has
+    settled: every one of its documents ended (in the results store) in one of its runs, though
+    those runs may still be writing their last events and closing. It is ``settled_status`` once
+    they are over; before, it follows from the documents, as the runs' own outcome does — a run
+    fails when one of its documents failed — so ``all_completed`` (every document COMPLETED)
+    means COMPLETED_SUCCESS. None while a document is still to settle."""
+    runs = instance.get_runs(dg.RunsFilter(tags={DAGSTER_BACKFILL_TAG: backfill_id}))
+    # A run not yet begun still has its documents ahead of it: no need to ask the store.
+    if not runs or not all(r.status in _STARTED_OR_OVER for r in runs):
+        return None
+    if not ended_in([r.run_id for r in runs]):
+        return None
+    if all(r.is_finished for r in runs):
+        return settled_status(instance, backfill_id, ended_in)
+    succeeded = all_completed()
+    return (
+        BulkActionStatus.COMPLETED_SUCCESS if succeeded else BulkActionStatus.COMPLETED_FAILED
+    ).value
+
+
+def settled_once_runs_end(
+    instance: dg.DagsterInstance,
+    backfill_id: str,
+    ended_in: Callable[[list[str]], bool],
+    *,
+    timeout: float = 60.0,
+    poll: float = 0.5,
+) -> str | None:
+    """``settled_status``, after waiting (up to ``timeout``) for the runs of a backfill whose
+    documents have all settled to finish closing — a ``--wait`` returns before they do; None when
+    its documents have not all settled (the backfill still has work)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = settled_status(instance, backfill_id, ended_in)
+        if status is not None:
+            return status
+        settled = documents_settled_status(instance, backfill_id, ended_in, lambda: False)
+        if settled is None or time.monotonic() > deadline:
+            return None
+        time.sleep(poll)
+
+
 def wait_for_backfill(
     instance: dg.DagsterInstance,
     backfill_id: str,
@@ -339,11 +393,14 @@ def wait_for_backfill(
     poll: float = 2.0,
     on_poll: Callable[[], None] | None = None,
     ended_in: Callable[[list[str]], bool] | None = None,
+    all_completed: Callable[[], bool] | None = None,
 ) -> str:
     """Wait until the backfill is done (the daemon must be running); returns its final status.
     ``on_poll`` is called at every poll (to show progress). With ``ended_in`` (whether all the
     backfill's documents ended in these runs), it returns as soon as the work is done
-    (``settled_status``) instead of waiting for the daemon to record it."""
+    (``settled_status``) instead of waiting for the daemon to record it; with ``all_completed``
+    too, as soon as the last document has settled (``documents_settled_status``), before its run
+    has closed."""
     deadline = time.monotonic() + timeout
     while True:
         if on_poll is not None:
@@ -354,7 +411,11 @@ def wait_for_backfill(
         if backfill_ended(backfill):
             return str(backfill.status.value)
         if ended_in is not None and backfill.status == BulkActionStatus.REQUESTED:
-            settled = settled_status(instance, backfill_id, ended_in)
+            settled = (
+                settled_status(instance, backfill_id, ended_in)
+                if all_completed is None
+                else documents_settled_status(instance, backfill_id, ended_in, all_completed)
+            )
             if settled is not None:
                 return settled
         if time.monotonic() > deadline:

@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -37,6 +38,7 @@ from ai_pipeline.defs.backfills import (
     launch_backfill,
     plan_runs,
     planned_run_size,
+    wait_for_backfill,
 )
 from ai_pipeline.defs.checks import CHECK_SPECS
 from ai_pipeline.defs.dagster_private import BulkActionStatus
@@ -455,9 +457,10 @@ def test_submit_wait_returns_when_its_runs_end_and_a_resubmission_launches_at_on
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Under Dagster's own 30 s backfill loop: ``submit --wait`` returns as soon as its run has
-    ended the pending document (failed again), while the backfill is still recorded REQUESTED;
-    submitting again at once launches a new backfill (the first one's work is over) instead of
-    waiting for the first; the daemon then records for each the status the command printed."""
+    settled the pending document (failed again), while the backfill is still recorded REQUESTED;
+    submitting again at once launches a new backfill (the first one's work is over, its run
+    closed) instead of waiting for the first; the daemon then records for each the status the
+    command printed."""
     seeded = seed(tmp_path, simulator, count=3, network=(1,), low_confidence=())
     (failing,) = seeded.network
     submit = ("submit", str(seeded.inbox), "--batch", "b", "--wait", "--json")
@@ -799,3 +802,52 @@ def covered_by(request: dg.RunRequest, keys: list[str]) -> list[str]:
         return sorted(named)
     start = keys.index(request.tags["dagster/asset_partition_range_start"])
     return keys[start : keys.index(request.tags["dagster/asset_partition_range_end"]) + 1]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the wait knows no backend
+def test_wait_returns_when_the_last_document_settles_not_when_its_run_closes(
+    instance: dg.DagsterInstance, tmp_path: Path
+) -> None:
+    """``--wait``'s wait returns, with the status the backfill will end in, as soon as its last
+    document has settled in the results store, while its run is still STARTED (closing) and
+    the backfill still recorded REQUESTED — not when the run ends, nor at the daemon's next loop;
+    until then it waits."""
+    from ai_pipeline.definitions import defs
+
+    inbox = make_inbox(tmp_path / "inbox", {f"d{i}.txt": sample_text(i) for i in range(3)})
+    ids = launcher(instance).register_inbox(inbox).document_ids
+    backfill_id = launch_backfill(instance, defs.get_repository_def().asset_graph, ids, title="t")
+    run = dg.DagsterRun(
+        job_name="analysis_job",
+        run_id=str(uuid.uuid4()),
+        status=dg.DagsterRunStatus.STARTED,
+        tags={"dagster/backfill": backfill_id},
+    )
+    instance.add_run(run)
+    store = results_store()
+    for document in ids:
+        store.documents.transition(document, State.RUNNING, through=State.QUEUED, run_id=run.run_id)
+
+    def wait(timeout: float) -> str:
+        return wait_for_backfill(
+            instance,
+            backfill_id,
+            timeout=timeout,
+            poll=0.05,
+            ended_in=lambda runs: store.documents.ended_in(ids, runs),
+            all_completed=lambda: store.documents.count_by_state(ids) == {State.COMPLETED: 3},
+        )
+
+    for document in ids[:-1]:
+        store.documents.transition(document, State.COMPLETED)
+    with pytest.raises(TimeoutError):
+        wait(0.3)  # the last document is still RUNNING
+    store.documents.transition(ids[-1], State.COMPLETED)
+    started = time.monotonic()
+
+    assert wait(30) == "COMPLETED_SUCCESS"
+
+    assert time.monotonic() - started < 2
+    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED  # type: ignore[union-attr]
+    recorded = instance.get_backfill(backfill_id)
+    assert recorded is not None and recorded.status == BulkActionStatus.REQUESTED
