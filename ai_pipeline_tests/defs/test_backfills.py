@@ -595,6 +595,7 @@ def test_nightly_tick_backfills_then_reports(
         return event is not None and event.timestamp >= ended_at and event
 
     event = wait_for(daemon, "the failure report", report_after_backfill, DEADLINE_SECONDS)
+    print(f"the report {event.timestamp - ended_at:.1f} s after the backfill's end")
 
     assert states(seeded.ids) == {i: ("COMPLETED", None) for i in seeded.ids} | {
         low: ("FAILED", "LOW_CONFIDENCE"),
