@@ -164,7 +164,7 @@ def what_dagster_recorded(
     home: Path, env: dict[str, str], slots: int
 ) -> tuple[Counter[str], dict[str, Any]]:
     """Event-log entries of every run by type, and where a run's time went — read after the
-    daemon stopped: queued (created → started), starting (the worker up → the step began), the
+    daemon stopped: the backfill launched → its first run created (the daemon's loop), queued (created → started), starting (the worker up → the step began), the
     step, and the gaps between runs: a freed slot → the next run dequeued (the run queue's
     polling), dequeued → the worker up (process start and code import), the step's end → the
     run's end."""
@@ -175,7 +175,13 @@ def what_dagster_recorded(
     queued, starting, stepping, launching, closing, ends = [], [], [], [], [], []
     dequeued: list[float] = []
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        for record in instance.get_run_records():
+        records = instance.get_run_records()
+        # The backfill daemon's start delay: the backfill launched → its first run created (the
+        # daemon looks at new backfills every 30 s).
+        launched = [b.backfill_timestamp for b in instance.get_backfills()]
+        created = [r.create_timestamp.timestamp() for r in records]
+        start_delay = min(created) - min(launched) if launched and created else None
+        for record in records:
             run_id = record.dagster_run.run_id
             entries = instance.all_logs(run_id)
             for entry in entries:
@@ -208,6 +214,9 @@ def what_dagster_recorded(
         return round(sum(values) / len(values), 2) if values else None
 
     return by_type, {
+        "seconds_backfill_launched_to_first_run_created": (
+            round(start_delay, 2) if start_delay is not None else None
+        ),
         "mean_seconds_queued": mean(queued),
         "mean_seconds_worker_start_to_step": mean(starting),
         "mean_seconds_in_step": mean(stepping),
