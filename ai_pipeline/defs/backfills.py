@@ -18,12 +18,12 @@ scattered over 1,000 documents would become 50 runs of one document, each paying
 ``plan_runs`` takes the selected documents in partition order, up to the run size
 (``planned_run_size``: enough that the runs fill the run queue's slots in one wave, unless
 ``AI_PIPELINE_BACKFILL_RUN_SIZE`` says otherwise) per run whatever their position: each run's
-range spans its documents and its config names them (``ai_pipeline.defs.partitions``), so the documents of the
-range it does not name cost nothing — no call, no event, their status unchanged. The backfill is
-handed to the daemon with those runs to submit and every target partition counted as requested
-(the state Dagster's own daemon writes before it submits the runs it planned), so the daemon
-submits exactly them, follows their materializations and failures, and ends the backfill as it
-does its own. (The backfill's page counts the unnamed documents of a range among its requested
+range spans its documents and its config names them (``ai_pipeline.defs.partitions``), so the
+documents of the range it does not name cost nothing — no call, no event, their status unchanged.
+The backfill is handed to the daemon with those runs to submit and every target partition counted as
+requested (the state Dagster's own daemon writes before it submits the runs it planned), so the
+daemon submits exactly them, follows their materializations and failures, and ends the backfill as
+it does its own. (The backfill's page counts the unnamed documents of a range among its requested
 partitions; each document's own status, under the asset, is exact.)
 """
 
