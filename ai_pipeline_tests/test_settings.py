@@ -46,7 +46,7 @@ def test_defaults_without_environment(monkeypatch: pytest.MonkeyPatch, tmp_path:
         claim_wait_seconds=600.0,
         sensor_interval_seconds=30,
         sensor_max_files=500,
-        backfill_run_size=100,
+        backfill_run_size=None,
         nightly_cron="0 2 * * *",
         timezone="UTC",
         section_chars=6000,

@@ -36,7 +36,6 @@ def one(args: argparse.Namespace, analysis: str | None) -> dict[str, float]:
         "--latency-ms", str(args.latency_ms),
         "--concurrency", str(args.concurrency),
         "--runs", str(args.runs),
-        "--run-size", str(args.run_size),
         "--json",
     ]  # fmt: skip
     if analysis:
@@ -55,7 +54,6 @@ def main() -> int:
     parser.add_argument("--latency-ms", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--runs", type=int, default=4)
-    parser.add_argument("--run-size", type=int, default=100)
     args = parser.parse_args()
     declared = "declared:DECLARED"
     seen: dict[str, list[dict[str, float]]] = {"built-in": [], "declared": []}

@@ -13,7 +13,11 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from ai_pipeline.defs.assets import build_analysis_assets, build_failure_report
+from ai_pipeline.defs.assets import (
+    DOCUMENTS_PER_BACKFILL_RUN,
+    build_analysis_assets,
+    build_failure_report,
+)
 from ai_pipeline.defs.io_managers import ResultsIOManager
 from ai_pipeline.defs.jobs import build_jobs
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
@@ -28,7 +32,8 @@ class AtLoad:
     """The settings that shape definitions, read when the code location loads."""
 
     sensor_interval_seconds: int
-    backfill_run_size: int
+    # Documents per run of a backfill Dagster plans (one launched from the UI); None: its default.
+    backfill_run_size: int | None
     nightly_cron: str
     timezone: str
 
@@ -47,7 +52,7 @@ def site_definitions(site: Site, at_load: AtLoad) -> dg.Definitions:
     store = ResultsStore(database_url=site.database_url, analysis=site.analysis)
     return dg.Definitions(
         assets=[
-            build_analysis_assets(site, at_load.backfill_run_size),
+            build_analysis_assets(site, at_load.backfill_run_size or DOCUMENTS_PER_BACKFILL_RUN),
             build_failure_report(site),
         ],
         jobs=list(build_jobs(site)),

@@ -33,7 +33,7 @@ from ai_pipeline.defs.backfills import (
     active_backfill,
     launch_backfill,
     plan_failed_backfill,
-    settled_status,
+    settled_once_runs_end,
     wait_for_backfill,
 )
 from ai_pipeline.defs.jobs import range_tags
@@ -198,8 +198,9 @@ class Launcher:
         targeted: Sequence[str] | None = None,
     ) -> str:
         """Wait for a backfill of ``targeted`` (default: ``document_ids``), showing the progress
-        of ``document_ids``; returns its final status as soon as its runs have ended every
-        targeted document, without waiting for the backfill daemon's next loop to record it."""
+        of ``document_ids``; returns the status it ends in as soon as its runs have settled every
+        targeted document in the results store, without waiting for those runs to close or the
+        backfill daemon's next loop to record it."""
         self.progress(f"waiting for backfill {backfill_id} (run by the daemon) …")
         show = self._watching(document_ids)
         targeted = list(document_ids if targeted is None else targeted)
@@ -207,8 +208,10 @@ class Launcher:
             self.instance,
             backfill_id,
             timeout=timeout,
+            poll=1.0,
             on_poll=lambda: show(False),
             ended_in=lambda run_ids: self.store.documents.ended_in(targeted, run_ids),
+            all_completed=lambda: self._all_completed(targeted),
         )
         # A document whose run died is not pending: it failed, retryably — also one its run
         # never started, before the reconcile sensor's next tick says so.
@@ -217,6 +220,10 @@ class Launcher:
         mark_failed_runs(self.instance, self.store, runs, self.site)
         show(True)
         return status
+
+    def _all_completed(self, document_ids: Sequence[str]) -> bool:
+        counts = self.store.documents.count_by_state(document_ids)
+        return counts.get(State.COMPLETED, 0) == len(set(document_ids))
 
     # --- processing --------------------------------------------------------------------------
 
@@ -501,12 +508,15 @@ class Launcher:
             if pending
             else None
         )
-        if running and settled_status(
+        if running and settled_once_runs_end(
             self.instance, running, lambda runs: self.store.documents.ended_in(pending, runs)
         ):
             # Its runs are over and ended every document still pending (a `--wait` may have
-            # returned on that already): only the daemon's record says running. A new backfill.
+            # returned on that already, before they closed): only the daemon's record says
+            # running. A new backfill, for what those runs left pending.
             running = None
+            pending = self.not_done(document_ids)
+            out["pending_at_submit"] = len(pending)
         if running:
             # The batch's backfill is still queued or running: it covers these documents.
             out.update(backfill_id=running, already_running=True)
