@@ -292,6 +292,11 @@ class BatchAPI:
         if batch.final_status is not None:
             return batch.final_status
         validated = batch.created_at + 0.1 * batch.seconds
+        if batch.cancelling_at is not None and batch.cancelling_at < validated:
+            # Cancelled while it was being validated: nothing was done.
+            if now < batch.cancelling_at + batch.cancel_seconds:
+                return "cancelling"
+            return self._end(batch, "cancelled", batch.cancelling_at)
         if now < validated:
             return "validating"
         if batch.errors:

@@ -1,0 +1,502 @@
+"""Analysis through OpenAI's Batch API: half the price for work that can wait up to a day.
+
+A *job* is one request file and the remote batch made of it. Its lines are tasks — the same task
+ids, request bodies and checkpoints as the synchronous path — so mixing the two never pays twice:
+
+==============  ===========================================================  =================
+phase           what happens (each step recorded in ``store.openai_batches``)  after a crash
+==============  ===========================================================  =================
+plan            the tasks without a checkpoint and in no open job, their     nothing went out:
+                request lines (``chat_request``, as a call sends them), cut   the intent is
+                into files within 50,000 lines and 200 MB; the intent (tasks, planned again or
+                file hash) recorded before anything is uploaded              resumed
+upload          the file is uploaded, named by its hash — or the upload a    found by its name
+                crash left unrecorded is found by it (``files.list``)        and size: reused
+create          the remote batch, with our intent id in its metadata — or    found by its
+                the one a crash left unrecorded (``batches.list``)           metadata: reused
+poll            the remote status and request counts                         polled again
+ingest          each answered line becomes its task's checkpoint, its usage  a line is settled
+                recorded at the batch price; each error line is classified   once (compare-
+                by the taxonomy (its status and error body), expired lines    and-set), its
+                marked; lines never answered (cancelled) are released        checkpoint kept
+==============  ===========================================================  =================
+
+``BatchJobs.advance`` takes one job one phase further; ``BatchJobs.tick`` advances every
+unfinished job within a bound of work (what a sensor calls each tick). A hook (``on_phase``)
+is told after each outside effect and before it is recorded: the tests crash there.
+
+This is not ``ai_pipeline.batch`` (the documents of one run, processed concurrently) nor
+``ai_pipeline.store.batches`` (named sets of submitted documents). Nothing here knows Dagster;
+what a finished line means for its document (a run that finds the checkpoint, validates and
+stores it) is the launcher's business.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ai_pipeline.declaration import DEFAULT_SECTION_CHARS
+from ai_pipeline.failures import Category, ClassifiedError, category_for_reply
+from ai_pipeline.llm import LLMReply, billed_details, chat_request, reply_of
+from ai_pipeline.redaction import redact
+from ai_pipeline.spend import Prices
+from ai_pipeline.store import Store
+from ai_pipeline.store.openai_batches import (
+    BatchJob,
+    JobStatus,
+    LineState,
+    PlannedTask,
+)
+from ai_pipeline.store.spend import ANSWER, ESTIMATED_ANSWER, Usage
+from ai_pipeline.tasks import ANALYSE_STEP, task_id
+
+logger = logging.getLogger("ai_pipeline.openai_batch")
+
+ENDPOINT = "/v1/chat/completions"
+COMPLETION_WINDOW = "24h"
+MAX_LINES = 50_000
+MAX_BYTES = 200 * 1024 * 1024
+# The remote batch's metadata key holding our intent id: how a batch a crash left unrecorded is
+# found again.
+INTENT_KEY = "ai_pipeline_intent"
+# How far back before an intent's creation ``batches.list`` is searched for its batch (clocks of
+# this machine and the endpoint's differ a little).
+CLOCK_SLACK_SECONDS = 300
+_REMOTE = {s.value: s for s in JobStatus}
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """One line of a request file: a task and the body the synchronous call would send."""
+
+    task: PlannedTask
+    body: dict[str, Any]
+
+    def line(self) -> bytes:
+        """The JSONL line (``custom_id`` = the task id), the same bytes every time. Keys keep
+        the body's order: a response format's schema properties are the order of the answer."""
+        request = {
+            "custom_id": self.task.task_id,
+            "method": "POST",
+            "url": ENDPOINT,
+            "body": self.body,
+        }
+        return (json.dumps(request, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``plan`` made of a set of documents: the jobs recorded, and what it left out."""
+
+    jobs: list[BatchJob] = field(default_factory=list)
+    done: list[str] = field(default_factory=list)  # tasks with a checkpoint already
+    in_open_jobs: list[str] = field(default_factory=list)  # tasks another job carries
+    not_batchable: dict[str, str] = field(default_factory=dict)  # document → why not
+
+
+def requests_for(
+    store: Store,
+    document_ids: Iterable[str],
+    model: str,
+    *,
+    section_chars: int = DEFAULT_SECTION_CHARS,
+) -> tuple[list[BatchRequest], dict[str, str]]:
+    """The analysis request of each document, as its synchronous call would send it, and the
+    documents that cannot go in a batch (with why: rejected, no text, or long enough to be cut
+    into sections — those go the synchronous way, which analyses the sections and reduces)."""
+    analysis = store.analysis
+    requests: list[BatchRequest] = []
+    skipped: dict[str, str] = {}
+    for document_id in dict.fromkeys(document_ids):
+        doc = store.documents.load(document_id)
+        if doc is None:
+            skipped[document_id] = "no such document"
+            continue
+        if doc.rejected_reason or doc.text is None:
+            skipped[document_id] = doc.rejected_reason or "no text"
+            continue
+        if len(analysis.cut(doc.text, section_chars)) != 1:
+            skipped[document_id] = "cut into sections: analysed by the synchronous path"
+            continue
+        body = chat_request(
+            model, analysis.messages(doc.text), analysis.response_format(), analysis.model
+        )
+        task = PlannedTask(
+            task_id(document_id, ANALYSE_STEP, analysis.tag(), model), document_id, ANALYSE_STEP
+        )
+        requests.append(BatchRequest(task, body))
+    return requests, skipped
+
+
+def split(
+    requests: Sequence[BatchRequest], *, max_lines: int = MAX_LINES, max_bytes: int = MAX_BYTES
+) -> list[list[BatchRequest]]:
+    """Consecutive runs of requests, each a file within ``max_lines`` and ``max_bytes``; raises
+    ValueError for a single line larger than a file may be."""
+    files: list[list[BatchRequest]] = []
+    current: list[BatchRequest] = []
+    size = 0
+    for request in requests:
+        length = len(request.line())
+        if length > max_bytes:
+            raise ValueError(f"{request.task.task_id}: one line of {length} bytes > {max_bytes}")
+        if current and (len(current) >= max_lines or size + length > max_bytes):
+            files.append(current)
+            current, size = [], 0
+        current.append(request)
+        size += length
+    if current:
+        files.append(current)
+    return files
+
+
+def file_of(requests: Sequence[BatchRequest]) -> bytes:
+    return b"".join(request.line() for request in requests)
+
+
+def content_hash(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_name(digest: str) -> str:
+    """The name a request file is uploaded under: its hash, by which it is found again."""
+    return f"ai_pipeline-{digest}.jsonl"
+
+
+def plan(
+    store: Store,
+    document_ids: Iterable[str],
+    model: str,
+    *,
+    section_chars: int = DEFAULT_SECTION_CHARS,
+    max_lines: int = MAX_LINES,
+    max_bytes: int = MAX_BYTES,
+) -> Plan:
+    """Record the jobs that would analyse these documents through the Batch API: their tasks
+    without a checkpoint and in no open job, one job per file. Nothing is sent."""
+    requests, skipped = requests_for(store, document_ids, model, section_chars=section_chars)
+    ids = [r.task.task_id for r in requests]
+    done = set(store.checkpoints.get_many(ids))
+    taken = store.openai_batches.open_jobs_of(ids)
+    wanted = [r for r in requests if r.task.task_id not in done and r.task.task_id not in taken]
+    result = Plan(done=sorted(done), in_open_jobs=sorted(taken), not_batchable=skipped)
+    for part in split(wanted, max_lines=max_lines, max_bytes=max_bytes):
+        data = file_of(part)
+        job = store.openai_batches.plan(
+            uuid.uuid4().hex,
+            model=model,
+            endpoint=ENDPOINT,
+            tasks=[r.task for r in part],
+            content_hash=content_hash(data),
+            content_bytes=len(data),
+        )
+        result.jobs.append(job)
+    return result
+
+
+# --- following a job ---------------------------------------------------------------------------
+
+# Told of a phase's outside effect before it is recorded: ("uploaded", job), ("created", job),
+# ("polled", job), ("checkpointed", job) after each line's checkpoint, ("ingested", job).
+PhaseHook = Callable[[str, BatchJob], None]
+
+
+@dataclass
+class Progress:
+    """What one ``tick`` did."""
+
+    advanced: list[str] = field(default_factory=list)  # intent ids
+    answered: int = 0
+    failed: int = 0
+    expired: int = 0
+    finished: list[BatchJob] = field(default_factory=list)
+    documents: set[str] = field(default_factory=set)  # whose lines were settled
+
+
+class BatchJobs:
+    """Takes Batch API jobs through their phases against one endpoint (a sync ``openai.OpenAI``
+    client with ``max_retries=0``: a failed call is simply taken again at the next step)."""
+
+    def __init__(
+        self,
+        store: Store,
+        client: Any,
+        prices: Prices,
+        *,
+        on_phase: PhaseHook | None = None,
+        section_chars: int = DEFAULT_SECTION_CHARS,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.store = store
+        self.client = client
+        self.prices = prices
+        self.on_phase = on_phase or (lambda phase, job: None)
+        self.section_chars = section_chars
+        self.clock = clock
+
+    def tick(self, *, max_jobs: int = 20) -> Progress:
+        """Advance each unfinished job (oldest first, at most ``max_jobs``) by as many phases
+        as it can go now: bounded work for one sensor tick."""
+        progress = Progress()
+        for job in self.store.openai_batches.unfinished()[:max_jobs]:
+            current: BatchJob | None = job
+            while current is not None and not current.status.finished:
+                before = current.status
+                current = self.advance(current, progress)
+                if current is None or current.status == before:
+                    break
+            progress.advanced.append(job.intent_id)
+            if current is not None and current.status.finished:
+                progress.finished.append(current)
+        return progress
+
+    def advance(self, job: BatchJob, progress: Progress | None = None) -> BatchJob | None:
+        """Take a job one phase further; the job as it is now."""
+        progress = progress if progress is not None else Progress()
+        if job.status == JobStatus.PLANNED:
+            self._upload(job)
+        elif job.status == JobStatus.UPLOADED:
+            self._create(job)
+        elif job.status.remote_ended:
+            self._ingest(job, progress)
+        elif not job.status.finished:
+            self._poll(job)
+        return self.store.openai_batches.get(job.intent_id)
+
+    # -- upload ------------------------------------------------------------------------------
+
+    def _upload(self, job: BatchJob) -> None:
+        lines = self.store.openai_batches.lines(job.intent_id)
+        requests, skipped = requests_for(
+            self.store,
+            [line.document_id for line in lines],
+            job.model,
+            section_chars=self.section_chars,
+        )
+        data = file_of(requests)
+        if [r.task.task_id for r in requests] != [line.task_id for line in lines] or (
+            content_hash(data) != job.content_hash
+        ):
+            # The declaration or the documents changed since it was planned: what it would send
+            # is no longer what was recorded. It never went out; its tasks are planned anew.
+            self.store.openai_batches.finish(
+                job.intent_id,
+                JobStatus.ABANDONED,
+                "its request file could not be rebuilt as planned"
+                + (f" ({len(skipped)} documents not batchable)" if skipped else ""),
+            )
+            return
+        uploaded = self._uploaded_file(job)
+        if uploaded is None:
+            uploaded = self.client.files.create(
+                file=(file_name(job.content_hash), io.BytesIO(data)), purpose="batch"
+            ).id
+        self.on_phase("uploaded", job)
+        self.store.openai_batches.record_file(job.intent_id, uploaded)
+
+    def _uploaded_file(self, job: BatchJob) -> str | None:
+        """The id of this job's file if it was uploaded before (a crash before it was
+        recorded), found by its name (the hash) and size."""
+        name = file_name(job.content_hash)
+        for found in self.client.files.list(purpose="batch"):
+            if found.filename == name and found.bytes == job.content_bytes:
+                return str(found.id)
+        return None
+
+    # -- create ------------------------------------------------------------------------------
+
+    def _create(self, job: BatchJob) -> None:
+        assert job.file_id is not None
+        batch = self._created_batch(job)
+        if batch is None:
+            batch = self.client.batches.create(
+                input_file_id=job.file_id,
+                endpoint=ENDPOINT,
+                completion_window=COMPLETION_WINDOW,
+                metadata={INTENT_KEY: job.intent_id, "ai_pipeline_tasks": str(job.task_count)},
+            )
+        self.on_phase("created", job)
+        status = _status_of(batch)
+        # Its result files are recorded by the next poll: until then it counts as open, even
+        # when the batch found again has ended meanwhile.
+        if status.remote_ended:
+            status = JobStatus.VALIDATING
+        self.store.openai_batches.record_batch(job.intent_id, batch.id, status)
+
+    def _created_batch(self, job: BatchJob) -> Any | None:
+        """The remote batch of this intent if one was created before (a crash before it was
+        recorded), found by its metadata; batches are listed newest first, so the search stops
+        at the first one older than the intent."""
+        oldest = job.created_at.timestamp() - CLOCK_SLACK_SECONDS
+        for batch in self.client.batches.list(limit=100):
+            if (batch.metadata or {}).get(INTENT_KEY) == job.intent_id:
+                return batch
+            if batch.created_at < oldest:
+                return None
+        return None
+
+    # -- poll --------------------------------------------------------------------------------
+
+    def _poll(self, job: BatchJob) -> None:
+        assert job.batch_id is not None
+        batch = self.client.batches.retrieve(job.batch_id)
+        self.on_phase("polled", job)
+        counts = batch.request_counts
+        errors = getattr(batch.errors, "data", None) or []
+        self.store.openai_batches.record_remote(
+            job.intent_id,
+            _status_of(batch),
+            total=counts.total if counts else None,
+            completed=counts.completed if counts else None,
+            failed=counts.failed if counts else None,
+            output_file_id=batch.output_file_id,
+            error_file_id=batch.error_file_id,
+            error="; ".join(redact(f"line {e.line}: {e.code}: {e.message}") for e in errors[:5])
+            or None,
+        )
+
+    # -- ingest ------------------------------------------------------------------------------
+
+    def _ingest(self, job: BatchJob, progress: Progress) -> None:
+        pending = {
+            line.task_id: line
+            for line in self.store.openai_batches.lines(job.intent_id, LineState.PENDING)
+        }
+        for file_id in (job.output_file_id, job.error_file_id):
+            if file_id is None or not pending:
+                continue
+            for raw in self.client.files.content(file_id).text.splitlines():
+                if not raw.strip():
+                    continue
+                result = json.loads(raw)
+                line = pending.pop(str(result.get("custom_id")), None)
+                if line is None:
+                    continue  # settled before, or not ours
+                self._settle(job, line.task_id, line.document_id, line.step, result, progress)
+                progress.documents.add(line.document_id)
+        self.on_phase("ingested", job)
+        # What no file mentions (a cancelled or failed batch) is released, unanswered.
+        self.store.openai_batches.finish(job.intent_id, JobStatus.INGESTED)
+
+    def _settle(
+        self,
+        job: BatchJob,
+        task: str,
+        document_id: str,
+        step: str,
+        result: dict[str, Any],
+        progress: Progress,
+    ) -> None:
+        batches = self.store.openai_batches
+        response = result.get("response")
+        response = response if isinstance(response, dict) else {}
+        status = response.get("status_code")
+        if isinstance(status, int) and 200 <= status < 300:
+            try:
+                reply, usage = self._reply(job, task, document_id, step, response["body"])
+            except ClassifiedError as e:
+                batches.fail_line(
+                    job.intent_id,
+                    task,
+                    LineState.FAILED,
+                    category=e.category,
+                    status_code=status,
+                    error=e.message,
+                )
+                progress.failed += 1
+                return
+            # As a call's reply: stored before anything else is done with it.
+            self.store.checkpoints.put(task, document_id, step, reply.to_payload())
+            self.on_phase("checkpointed", job)
+            if batches.answer_line(job.intent_id, task, usage):
+                progress.answered += 1
+            return
+        if isinstance(status, int):
+            error = (response.get("body") or {}).get("error") or {}
+            batches.fail_line(
+                job.intent_id,
+                task,
+                LineState.FAILED,
+                category=category_for_reply(
+                    status, code=_text(error.get("code")), param=_text(error.get("param"))
+                ),
+                status_code=status,
+                error=redact(f"HTTP {status}: {error.get('message', '')}")[:500],
+            )
+            progress.failed += 1
+            return
+        error = result.get("error") or {}
+        code = _text(error.get("code")) if isinstance(error, dict) else None
+        message = redact(f"{code}: {error.get('message', '') if isinstance(error, dict) else ''}")
+        if code == "batch_expired":
+            batches.fail_line(
+                job.intent_id,
+                task,
+                LineState.EXPIRED,
+                category=None,
+                status_code=None,
+                error=message,
+            )
+            progress.expired += 1
+        else:
+            # No HTTP answer at all: the endpoint's failure, as a lost call would be.
+            batches.fail_line(
+                job.intent_id,
+                task,
+                LineState.FAILED,
+                category=Category.NETWORK_TIMEOUT,
+                status_code=None,
+                error=message,
+            )
+            progress.failed += 1
+
+    def _reply(
+        self, job: BatchJob, task: str, document_id: str, step: str, body: Any
+    ) -> tuple[LLMReply, Usage]:
+        """A line's reply as the synchronous path stores it, and its usage at the batch price."""
+        from openai.types.chat import ChatCompletion
+
+        try:
+            completion = ChatCompletion.model_validate(body)
+        except ValueError as e:
+            raise ClassifiedError(
+                Category.SCHEMA_VIOLATION, f"the line's body is not a chat completion: {e}"
+            ) from e
+        # A line has no latency of its own worth recording (it waited in the batch).
+        reply = reply_of(completion, job.model, latency_ms=0)
+        usage = completion.usage
+        cached, reasoning = billed_details(usage)
+        prompt, completion_tokens = reply.prompt_tokens or 0, reply.completion_tokens or 0
+        if usage is None:
+            logger.warning("%s: the batch line reported no usage; recorded as 0 tokens", task)
+        return reply, Usage(
+            task_id=task,
+            document_id=document_id,
+            step=step,
+            model=reply.model,
+            outcome=ANSWER if usage is not None else ESTIMATED_ANSWER,
+            prompt_tokens=prompt,
+            completion_tokens=completion_tokens,
+            cost_usd=self.prices.batch_cost(reply.model, prompt, completion_tokens, cached or 0),
+            cached_tokens=cached,
+            reasoning_tokens=reasoning,
+        )
+
+
+def _status_of(batch: Any) -> JobStatus:
+    status = _REMOTE.get(str(batch.status))
+    if status is None or status in (JobStatus.PLANNED, JobStatus.UPLOADED, JobStatus.INGESTED):
+        raise ClassifiedError(Category.INTERNAL_ERROR, f"unknown batch status {batch.status!r}")
+    return status
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
