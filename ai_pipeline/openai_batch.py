@@ -64,6 +64,8 @@ ENDPOINT = "/v1/chat/completions"
 COMPLETION_WINDOW = "24h"
 MAX_LINES = 50_000
 MAX_BYTES = 200 * 1024 * 1024
+# How many of a task's lines may fail retryably or expire before it is no longer batched.
+DEFAULT_MAX_ATTEMPTS = 3
 # The remote batch's metadata key holding our intent id: how a batch a crash left unrecorded is
 # found again.
 INTENT_KEY = "ai_pipeline_intent"
@@ -100,6 +102,9 @@ class Plan:
     done: list[str] = field(default_factory=list)  # tasks with a checkpoint already
     in_open_jobs: list[str] = field(default_factory=list)  # tasks another job carries
     not_batchable: dict[str, str] = field(default_factory=dict)  # document → why not
+    # Tasks no longer sent by batch: a line failed for good (a category that is not
+    # retryable), or ``max_attempts`` lines failed or expired; task → why.
+    gave_up: dict[str, str] = field(default_factory=dict)
 
 
 def requests_for(
@@ -179,15 +184,29 @@ def plan(
     section_chars: int = DEFAULT_SECTION_CHARS,
     max_lines: int = MAX_LINES,
     max_bytes: int = MAX_BYTES,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> Plan:
     """Record the jobs that would analyse these documents through the Batch API: their tasks
-    without a checkpoint and in no open job, one job per file. Nothing is sent."""
+    without a checkpoint, in no open job, and not given up on (``gave_up``), one job per file.
+    Nothing is sent."""
     requests, skipped = requests_for(store, document_ids, model, section_chars=section_chars)
     ids = [r.task.task_id for r in requests]
     done = set(store.checkpoints.get_many(ids))
     taken = store.openai_batches.open_jobs_of(ids)
-    wanted = [r for r in requests if r.task.task_id not in done and r.task.task_id not in taken]
-    result = Plan(done=sorted(done), in_open_jobs=sorted(taken), not_batchable=skipped)
+    gave_up = _given_up(store, ids, max_attempts)
+    wanted = [
+        r
+        for r in requests
+        if r.task.task_id not in done
+        and r.task.task_id not in taken
+        and r.task.task_id not in gave_up
+    ]
+    result = Plan(
+        done=sorted(done),
+        in_open_jobs=sorted(set(taken) - done),
+        not_batchable=skipped,
+        gave_up={t: why for t, why in gave_up.items() if t not in done and t not in taken},
+    )
     for part in split(wanted, max_lines=max_lines, max_bytes=max_bytes):
         data = file_of(part)
         job = store.openai_batches.plan(
@@ -200,6 +219,22 @@ def plan(
         )
         result.jobs.append(job)
     return result
+
+
+def _given_up(store: Store, task_ids: Sequence[str], max_attempts: int) -> dict[str, str]:
+    """The tasks whose earlier lines say another batch would not help: one failed for good,
+    or ``max_attempts`` failed retryably or expired (a cancelled batch's lines do not count)."""
+    why: dict[str, str] = {}
+    tries: dict[str, int] = {}
+    for line in store.openai_batches.lines_of(task_ids):
+        if line.state == LineState.FAILED and line.category and not line.category.retryable:
+            why[line.task_id] = f"{line.category.value}: {line.error or ''}".strip()
+        if line.state in (LineState.FAILED, LineState.EXPIRED):
+            tries[line.task_id] = tries.get(line.task_id, 0) + 1
+    for task, count in tries.items():
+        if count >= max_attempts and task not in why:
+            why[task] = f"{count} batch lines failed or expired"
+    return why
 
 
 # --- following a job ---------------------------------------------------------------------------
@@ -306,9 +341,14 @@ class BatchJobs:
         """The id of this job's file if it was uploaded before (a crash before it was
         recorded), found by its name (the hash) and size."""
         name = file_name(job.content_hash)
+        oldest = job.created_at.timestamp() - CLOCK_SLACK_SECONDS
+        # Newest first (the endpoint's default order): the search stops at the first file
+        # uploaded before the intent was recorded.
         for found in self.client.files.list(purpose="batch"):
             if found.filename == name and found.bytes == job.content_bytes:
                 return str(found.id)
+            if found.created_at < oldest:
+                return None
         return None
 
     # -- create ------------------------------------------------------------------------------

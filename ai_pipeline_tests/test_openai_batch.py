@@ -5,6 +5,9 @@ call's reply is, at the batch price, and every phase resumable after a crash."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -215,13 +218,18 @@ def test_failed_and_expired_lines_are_classified_and_their_tasks_freed(
     assert lines[late].state == LineState.EXPIRED
     assert set(store.checkpoints.get_many(lines)) == {a.task_for(d) for d in ids[3:]}
 
-    simulator.set_faults([])
-    (retry,) = plan(store, ids, TEST_MODEL).jobs
+    (retry,) = (again := plan(store, ids, TEST_MODEL)).jobs
     assert {line.task_id for line in store.openai_batches.lines(retry.intent_id)} == {
         limited,
-        refused,
         late,
-    }
+    }, "a retryable failure and an expired line go again, a refused line does not"
+    assert set(again.gave_up) == {refused}
+    assert again.gave_up[refused].startswith("INPUT_QUALITY_ISSUE: HTTP 400")
+
+    drain(jobs(store, simulator))  # the same faults: both fail again
+    assert plan(store, ids, TEST_MODEL, max_attempts=2).jobs == []
+    third = plan(store, ids, TEST_MODEL, max_attempts=3)
+    assert len(third.jobs) == 1 and third.jobs[0].task_count == 2
 
 
 def test_a_cancelled_batch_releases_its_unanswered_tasks(
@@ -281,3 +289,49 @@ def test_the_batch_price_is_half_unless_the_table_says_otherwise() -> None:
     assert plain.for_batch() == Price(1.0, 4.0, 0.5)
     table = Price(2.0, 8.0, None, Price(1.5, 5.0))
     assert table.for_batch().cost(1_000_000, 1_000_000) == pytest.approx(6.5)
+
+
+KILLED_AT = """
+import os, signal, sys
+import openai
+from ai_pipeline.openai_batch import BatchJobs
+from ai_pipeline.spend import Price, Prices
+from ai_pipeline.store import Store
+
+url, base_url, phase = sys.argv[1:4]
+
+def kill(at, job):
+    if at == phase:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+client = openai.OpenAI(base_url=base_url, api_key="k", max_retries=0, timeout=10)
+for _ in range(5):
+    BatchJobs(Store(url), client, Prices({}, Price(1.0, 1.0)), on_phase=kill).tick()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_process_killed_at_any_phase_is_resumed_by_the_next(
+    tmp_path: Path, simulator: SimulatorServer, phase: str
+) -> None:
+    """A process SIGKILLed right after a phase's outside effect (no handler runs): the next
+    process makes no second upload or batch and settles each line once."""
+    url = f"sqlite:///{tmp_path / 'results.sqlite'}"
+    store = Store(url)
+    ids = register(store, 3)
+    (job,) = plan(store, ids, TEST_MODEL).jobs
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_AT, url, simulator.base_url, phase], timeout=120
+    )
+    assert killed.returncode == -signal.SIGKILL
+    drain(jobs(store, simulator))
+
+    stats = simulator.stats()
+    assert stats["by_endpoint"]["files.create"] == 1
+    assert stats["by_endpoint"]["batches.create"] == 1
+    assert set(stats["batch_lines_by_key"].values()) == {1} and stats["total"] == 0
+    lines = store.openai_batches.lines(job.intent_id)
+    assert [line.state for line in lines] == [LineState.ANSWERED] * 3
+    assert store.spend.total().attempts == 3
+    store.db.dispose()
