@@ -37,6 +37,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -45,10 +46,12 @@ from typing import Any
 
 from ai_pipeline.declaration import DEFAULT_SECTION_CHARS
 from ai_pipeline.failures import Category, ClassifiedError, category_for_reply
-from ai_pipeline.llm import LLMReply, billed_details, chat_request, reply_of
-from ai_pipeline.redaction import redact
+from ai_pipeline.llm import Credentials, LLMReply, billed_details, chat_request, reply_of
+from ai_pipeline.redaction import redact, register_secret
+from ai_pipeline.settings import Settings
 from ai_pipeline.spend import Prices
-from ai_pipeline.store import Store
+from ai_pipeline.states import State
+from ai_pipeline.store import Store, open_store
 from ai_pipeline.store.openai_batches import (
     BatchJob,
     JobStatus,
@@ -276,6 +279,27 @@ class BatchJobs:
         self.on_phase = on_phase or (lambda phase, job: None)
         self.section_chars = section_chars
         self.clock = clock
+
+    def cancel(self, intent_or_batch_id: str) -> BatchJob:
+        """Cancel a job: its remote batch is cancelled (what it answered is kept and ingested
+        by the next steps); a job not yet sent is abandoned. Raises KeyError for no such job."""
+        batches = self.store.openai_batches
+        job = batches.get(intent_or_batch_id) or batches.by_batch_id(intent_or_batch_id)
+        if job is None:
+            raise KeyError(intent_or_batch_id)
+        if job.status.finished or job.status.remote_ended:
+            return job
+        if job.batch_id is None and job.file_id is not None:
+            found = self._created_batch(job)  # created before a crash, not recorded
+            if found is not None:
+                batches.record_batch(job.intent_id, found.id, JobStatus.VALIDATING)
+                job = batches.get(job.intent_id) or job
+        if job.batch_id is None:
+            batches.finish(job.intent_id, JobStatus.ABANDONED, "cancelled before it was sent")
+        else:
+            self.client.batches.cancel(job.batch_id)
+            self._poll(job)
+        return batches.get(job.intent_id) or job
 
     def tick(self, *, max_jobs: int = 20) -> Progress:
         """Advance each unfinished job (oldest first, at most ``max_jobs``) by as many phases
@@ -540,3 +564,122 @@ def _status_of(batch: Any) -> JobStatus:
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+# --- for commands and sensors ------------------------------------------------------------------
+
+
+def open_jobs(settings: Settings, *, on_phase: PhaseHook | None = None) -> BatchJobs:
+    """The Batch API jobs of the configured results database, against the configured endpoint
+    (its key read as the synchronous client reads it: file, command, else OPENAI_API_KEY)."""
+    import openai
+
+    source = Credentials(
+        os.environ.get("OPENAI_API_KEY", ""),
+        key_file=settings.api_key_file,
+        key_command=settings.api_key_command,
+    )
+    key = source.read_source() or source.key
+    register_secret(key)
+    client = openai.OpenAI(
+        base_url=settings.base_url or "https://api.openai.com/v1",
+        api_key=key,
+        max_retries=0,
+        timeout=settings.llm_timeout_seconds,
+    )
+    return BatchJobs(
+        open_store(settings),
+        client,
+        Prices.of(settings),
+        on_phase=on_phase,
+        section_chars=settings.section_chars,
+    )
+
+
+# Documents a submission without ids takes: registered, readable, and not settled.
+UNSETTLED = (State.PENDING, State.QUEUED, State.FAILED)
+
+
+def submit(
+    jobs: BatchJobs, model: str, document_ids: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """Plan jobs for these documents (None: every unsettled one) and send them: uploaded and
+    created now, followed by ``follow``. What was planned, and what was left out and why."""
+    store = jobs.store
+    if document_ids is None:
+        document_ids = [
+            row.document_id
+            for row in store.documents.rows()
+            if row.state in UNSETTLED and not row.rejected_reason
+        ]
+    planned = plan(store, document_ids, model, section_chars=jobs.section_chars)
+    sent = [job for job in (_send(jobs, job) for job in planned.jobs)]
+    return {
+        "jobs": [describe(store, job) for job in sent],
+        "tasks": sum(job.task_count for job in sent),
+        "already_done": len(planned.done),
+        "in_open_jobs": len(planned.in_open_jobs),
+        "not_batchable": planned.not_batchable,
+        "gave_up": planned.gave_up,
+    }
+
+
+def _send(jobs: BatchJobs, job: BatchJob) -> BatchJob:
+    """Upload and create a planned job now (a failure leaves it for the next ``follow``)."""
+    current: BatchJob | None = job
+    while current is not None and current.status in (JobStatus.PLANNED, JobStatus.UPLOADED):
+        current = jobs.advance(current)
+    return current or job
+
+
+def follow(jobs: BatchJobs, *, max_jobs: int = 20) -> dict[str, Any]:
+    """One bounded pass over the unfinished jobs (``BatchJobs.tick``), as a report."""
+    progress = jobs.tick(max_jobs=max_jobs)
+    return {
+        "advanced": len(progress.advanced),
+        "answered": progress.answered,
+        "failed": progress.failed,
+        "expired": progress.expired,
+        "finished": [describe(jobs.store, job) for job in progress.finished],
+        "documents": sorted(progress.documents),
+        "open": [describe(jobs.store, job) for job in jobs.store.openai_batches.unfinished()],
+    }
+
+
+def describe(store: Store, job: BatchJob, *, with_lines: bool = False) -> dict[str, Any]:
+    """A job as people and ``--json`` read it: ids, status, counts, and its lines by state."""
+    lines = store.openai_batches.lines(job.intent_id)
+    by_state: dict[str, int] = {}
+    for line in lines:
+        by_state[line.state.value] = by_state.get(line.state.value, 0) + 1
+    out: dict[str, Any] = {
+        "intent_id": job.intent_id,
+        "batch_id": job.batch_id,
+        "file_id": job.file_id,
+        "status": job.status.value,
+        "model": job.model,
+        "tasks": job.task_count,
+        "request_counts": {
+            "total": job.request_total,
+            "completed": job.request_completed,
+            "failed": job.request_failed,
+        },
+        "lines": by_state,
+        "error": job.error,
+        "created_at": job.created_at.isoformat(),
+        "submitted_at": job.submitted_at.isoformat() if job.submitted_at else None,
+        "ended_at": job.ended_at.isoformat() if job.ended_at else None,
+    }
+    if with_lines:
+        out["line_details"] = [
+            {
+                "task_id": line.task_id,
+                "document_id": line.document_id,
+                "state": line.state.value,
+                "category": line.category.value if line.category else None,
+                "status_code": line.status_code,
+                "error": line.error,
+            }
+            for line in lines
+        ]
+    return out
