@@ -37,7 +37,6 @@ import hashlib
 import io
 import json
 import logging
-import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -46,7 +45,7 @@ from typing import Any
 
 from ai_pipeline.declaration import DEFAULT_SECTION_CHARS
 from ai_pipeline.failures import Category, ClassifiedError, category_for_reply
-from ai_pipeline.llm import Credentials, LLMReply, billed_details, chat_request, reply_of
+from ai_pipeline.llm import LLMReply, billed_details, chat_request, reply_of
 from ai_pipeline.redaction import redact, register_secret
 from ai_pipeline.settings import Settings
 from ai_pipeline.spend import Prices
@@ -64,6 +63,7 @@ from ai_pipeline.tasks import ANALYSE_STEP, task_id
 logger = logging.getLogger("ai_pipeline.openai_batch")
 
 ENDPOINT = "/v1/chat/completions"
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
 COMPLETION_WINDOW = "24h"
 MAX_LINES = 50_000
 MAX_BYTES = 200 * 1024 * 1024
@@ -257,6 +257,10 @@ class Progress:
     expired: int = 0
     finished: list[BatchJob] = field(default_factory=list)
     documents: set[str] = field(default_factory=set)  # whose lines were settled
+    # Documents with a checkpoint from a line, and the job (intent id) that answered each.
+    answered_documents: dict[str, str] = field(default_factory=dict)
+    # Documents whose line failed or expired: another job may take them (``plan`` decides).
+    unanswered_documents: set[str] = field(default_factory=set)
 
 
 class BatchJobs:
@@ -446,8 +450,11 @@ class BatchJobs:
                     continue  # settled before, or not ours
                 self._settle(job, line.task_id, line.document_id, line.step, result, progress)
                 progress.documents.add(line.document_id)
+                if line.document_id not in progress.answered_documents:
+                    progress.unanswered_documents.add(line.document_id)
         self.on_phase("ingested", job)
         # What no file mentions (a cancelled or failed batch) is released, unanswered.
+        progress.unanswered_documents.update(line.document_id for line in pending.values())
         self.store.openai_batches.finish(job.intent_id, JobStatus.INGESTED)
 
     def _settle(
@@ -482,6 +489,7 @@ class BatchJobs:
             self.on_phase("checkpointed", job)
             if batches.answer_line(job.intent_id, task, usage):
                 progress.answered += 1
+            progress.answered_documents[document_id] = job.intent_id
             return
         if isinstance(status, int):
             error = (response.get("body") or {}).get("error") or {}
@@ -569,27 +577,25 @@ def _text(value: Any) -> str | None:
 # --- for commands and sensors ------------------------------------------------------------------
 
 
-def open_jobs(settings: Settings, *, on_phase: PhaseHook | None = None) -> BatchJobs:
-    """The Batch API jobs of the configured results database, against the configured endpoint
-    (its key read as the synchronous client reads it: file, command, else OPENAI_API_KEY)."""
+def batch_client(settings: Settings, api_key: str) -> Any:
+    """A sync openai client for the Batch API of the configured endpoint: no SDK retries (a
+    failed step is taken again at the next one), the call timeout of the settings."""
     import openai
 
-    source = Credentials(
-        os.environ.get("OPENAI_API_KEY", ""),
-        key_file=settings.api_key_file,
-        key_command=settings.api_key_command,
-    )
-    key = source.read_source() or source.key
-    register_secret(key)
-    client = openai.OpenAI(
-        base_url=settings.base_url or "https://api.openai.com/v1",
-        api_key=key,
+    register_secret(api_key)
+    return openai.OpenAI(
+        base_url=settings.base_url or DEFAULT_BASE_URL,
+        api_key=api_key,
         max_retries=0,
         timeout=settings.llm_timeout_seconds,
     )
+
+
+def open_jobs(settings: Settings, api_key: str, *, on_phase: PhaseHook | None = None) -> BatchJobs:
+    """The Batch API jobs of the configured results database, against the configured endpoint."""
     return BatchJobs(
         open_store(settings),
-        client,
+        batch_client(settings, api_key),
         Prices.of(settings),
         on_phase=on_phase,
         section_chars=settings.section_chars,

@@ -9,6 +9,7 @@ validate and store the documents find the checkpoints and make no call.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from ai_pipeline.cli.common import (
@@ -27,7 +28,10 @@ def _jobs() -> Any:
 
     ensure_dagster_home()
     settings = Settings.load()
-    return open_jobs(settings), settings
+    api_key = os.environ.get("OPENAI_API_KEY")
+    if not api_key:
+        raise InputError("OPENAI_API_KEY is not set: the Batch API needs the endpoint's key")
+    return open_jobs(settings, api_key), settings
 
 
 def _print_job(job: dict[str, Any]) -> None:
