@@ -45,7 +45,14 @@ from typing import Any
 
 from ai_pipeline.declaration import DEFAULT_SECTION_CHARS
 from ai_pipeline.failures import Category, ClassifiedError, category_for_reply
-from ai_pipeline.llm import LLMReply, billed_details, chat_request, reply_of
+from ai_pipeline.llm import (
+    LLMReply,
+    billed_details,
+    chat_request,
+    classify,
+    describe,
+    reply_of,
+)
 from ai_pipeline.redaction import redact, register_secret
 from ai_pipeline.settings import Settings
 from ai_pipeline.spend import Prices
@@ -59,6 +66,7 @@ from ai_pipeline.store.openai_batches import (
 )
 from ai_pipeline.store.spend import ANSWER, ESTIMATED_ANSWER, Usage
 from ai_pipeline.tasks import ANALYSE_STEP, task_id
+from ai_pipeline.truncation import larger_limit
 
 logger = logging.getLogger("ai_pipeline.openai_batch")
 
@@ -256,6 +264,9 @@ class Progress:
     failed: int = 0
     expired: int = 0
     finished: list[BatchJob] = field(default_factory=list)
+    # Jobs a step failed for (intent id → category and message); they are tried again at the
+    # next tick, except a job never sent whose failure is not retryable: it is abandoned.
+    errors: dict[str, str] = field(default_factory=dict)
     documents: set[str] = field(default_factory=set)  # whose lines were settled
     # Documents with a checkpoint from a line, and the job (intent id) that answered each.
     answered_documents: dict[str, str] = field(default_factory=dict)
@@ -311,15 +322,38 @@ class BatchJobs:
         progress = Progress()
         for job in self.store.openai_batches.unfinished()[:max_jobs]:
             current: BatchJob | None = job
-            while current is not None and not current.status.finished:
-                before = current.status
-                current = self.advance(current, progress)
-                if current is None or current.status == before:
-                    break
+            try:
+                while current is not None and not current.status.finished:
+                    before = current.status
+                    current = self.advance(current, progress)
+                    if current is None or current.status == before:
+                        break
+            except Exception as e:  # one job's failure must not hold up the others
+                current = self._failed_step(current or job, e, progress)
             progress.advanced.append(job.intent_id)
             if current is not None and current.status.finished:
                 progress.finished.append(current)
         return progress
+
+    def _failed_step(self, job: BatchJob, error: Exception, progress: Progress) -> BatchJob | None:
+        """Record why a step failed. A job not yet sent that the endpoint refused for good (a
+        400 or 404 to its upload or its creation: nothing was made) is abandoned, its tasks
+        freed; any other is left for the next tick — also an unexpected error, after which a
+        batch may exist that only the next look finds."""
+        from openai import APIStatusError
+
+        category = classify(error)
+        message = f"{category.value}: {describe(error)}"
+        progress.errors[job.intent_id] = message
+        logger.warning("Batch API job %s: %s", job.intent_id, message)
+        batches = self.store.openai_batches
+        unsent = job.status in (JobStatus.PLANNED, JobStatus.UPLOADED) and job.batch_id is None
+        refused = isinstance(error, APIStatusError) and not category.retryable
+        if unsent and refused and category != Category.AUTH_FAILED:
+            batches.finish(job.intent_id, JobStatus.ABANDONED, message)
+        else:
+            batches.record_error(job.intent_id, message)
+        return batches.get(job.intent_id)
 
     def advance(self, job: BatchJob, progress: Progress | None = None) -> BatchJob | None:
         """Take a job one phase further; the job as it is now."""
@@ -484,6 +518,21 @@ class BatchJobs:
                 )
                 progress.failed += 1
                 return
+            if reply.finish_reason == "length" and self._asks_again(job.model):
+                # The synchronous path would not keep this reply: it asks once more with a
+                # larger limit. The line is paid for; its task is left to that path.
+                batches.fail_line(
+                    job.intent_id,
+                    task,
+                    LineState.FAILED,
+                    category=Category.SCHEMA_VIOLATION,
+                    status_code=status,
+                    error="cut off at the output limit: left to the synchronous path, which asks "
+                    "again with a larger one",
+                    usage=usage,
+                )
+                progress.failed += 1
+                return
             # As a call's reply: stored before anything else is done with it.
             self.store.checkpoints.put(task, document_id, step, reply.to_payload())
             self.on_phase("checkpointed", job)
@@ -529,6 +578,10 @@ class BatchJobs:
                 error=message,
             )
             progress.failed += 1
+
+    def _asks_again(self, model: str) -> bool:
+        """Whether the synchronous path would ask again after a reply cut off at the limit."""
+        return larger_limit(model, self.store.analysis.model, None) is not None
 
     def _reply(
         self, job: BatchJob, task: str, document_id: str, step: str, body: Any
@@ -621,7 +674,7 @@ def submit(
     planned = plan(store, document_ids, model, section_chars=jobs.section_chars)
     sent = [job for job in (_send(jobs, job) for job in planned.jobs)]
     return {
-        "jobs": [describe(store, job) for job in sent],
+        "jobs": [job_report(store, job) for job in sent],
         "tasks": sum(job.task_count for job in sent),
         "already_done": len(planned.done),
         "in_open_jobs": len(planned.in_open_jobs),
@@ -646,13 +699,13 @@ def follow(jobs: BatchJobs, *, max_jobs: int = 20) -> dict[str, Any]:
         "answered": progress.answered,
         "failed": progress.failed,
         "expired": progress.expired,
-        "finished": [describe(jobs.store, job) for job in progress.finished],
+        "finished": [job_report(jobs.store, job) for job in progress.finished],
         "documents": sorted(progress.documents),
-        "open": [describe(jobs.store, job) for job in jobs.store.openai_batches.unfinished()],
+        "open": [job_report(jobs.store, job) for job in jobs.store.openai_batches.unfinished()],
     }
 
 
-def describe(store: Store, job: BatchJob, *, with_lines: bool = False) -> dict[str, Any]:
+def job_report(store: Store, job: BatchJob, *, with_lines: bool = False) -> dict[str, Any]:
     """A job as people and ``--json`` read it: ids, status, counts, and its lines by state."""
     lines = store.openai_batches.lines(job.intent_id)
     by_state: dict[str, int] = {}

@@ -152,8 +152,8 @@ def test_a_line_is_answered_and_stored_as_the_synchronous_call_would_be(
 PHASES = ["uploaded", "created", "polled", "checkpointed", "ingested"]
 
 
-class Crash(Exception):
-    pass
+class Crash(BaseException):
+    """A crash: no handler of the code under test catches it (as a killed process)."""
 
 
 @pytest.mark.parametrize("phase", PHASES)
@@ -186,6 +186,78 @@ def test_a_crash_at_any_phase_is_resumed_without_a_second_batch_or_a_second_inge
     assert [line.state for line in lines] == [LineState.ANSWERED] * 4
     assert store.spend.total().attempts == 4, "each line's usage recorded once"
     assert store.checkpoints.count() == 4
+
+
+def test_an_error_in_a_step_is_recorded_and_the_step_taken_again(
+    store: Store, simulator: SimulatorServer
+) -> None:
+    """An error after the batch was created (before it was recorded) is recorded on the job,
+    which the next tick takes on without a second batch."""
+    ids = register(store, 2)
+    (job,) = plan(store, ids, TEST_MODEL).jobs
+
+    def fail(at: str, _job: object) -> None:
+        if at == "created":
+            raise RuntimeError("disk full")
+
+    progress = jobs(store, simulator, on_phase=fail).tick()
+    assert progress.errors == {job.intent_id: "INTERNAL_ERROR: RuntimeError: disk full"}
+    failed = store.openai_batches.get(job.intent_id)
+    assert failed is not None and failed.status == JobStatus.UPLOADED
+    assert failed.error == "INTERNAL_ERROR: RuntimeError: disk full"
+    drain(jobs(store, simulator))
+    assert simulator.calls_to("batches.create") == 1
+    assert store.checkpoints.count() == 2
+
+
+def test_a_batch_the_endpoint_refuses_abandons_its_job_and_frees_its_tasks(
+    store: Store, simulator: SimulatorServer
+) -> None:
+    """A 401 leaves the job for later; a 400 to its creation abandons it."""
+    ids = register(store, 1)
+    (job,) = plan(store, ids, TEST_MODEL).jobs
+    simulator.set_api_keys(["another"])
+    progress = jobs(store, simulator).tick()
+    assert progress.errors[job.intent_id].startswith("AUTH_FAILED")
+    assert store.openai_batches.get(job.intent_id).status == JobStatus.PLANNED  # type: ignore[union-attr]
+    simulator.set_api_keys(None)
+
+    class Refusing:
+        """The simulator's client, whose batches.create is refused with a 400."""
+
+        def __init__(self, client: openai.OpenAI) -> None:
+            self.files = client.files
+            self.batches = self
+            self._client = client
+
+        def list(self, **kwargs: object) -> object:
+            return self._client.batches.list(**kwargs)  # type: ignore[arg-type]
+
+        def create(self, **kwargs: object) -> object:
+            return self._client.batches.create(**{**kwargs, "completion_window": "1h"})  # type: ignore[arg-type]
+
+    BatchJobs(store, Refusing(client_for(simulator)), PRICES).tick()
+    abandoned = store.openai_batches.get(job.intent_id)
+    assert abandoned is not None and abandoned.status == JobStatus.ABANDONED
+    assert abandoned.error is not None and "INPUT_QUALITY_ISSUE" in abandoned.error
+    assert store.openai_batches.open_jobs_of([line.task_id for line in job_lines(store, job)]) == {}
+
+
+def test_a_reply_cut_off_at_its_limit_is_paid_for_and_left_to_the_synchronous_path(
+    store: Store, simulator: SimulatorServer
+) -> None:
+    """The synchronous path asks again with a larger limit after a reply cut off at it: such a
+    line leaves no checkpoint, its usage is recorded, and its task is not batched again."""
+    (document,) = register(store, 1)
+    task = analyser(store, simulator).task_for(document)
+    simulator.set_faults([{"kind": "truncate", "match": task}])
+    (job,) = plan(store, [document], TEST_MODEL).jobs
+    drain(jobs(store, simulator))
+    (line,) = store.openai_batches.lines(job.intent_id)
+    assert (line.state, line.category) == (LineState.FAILED, Category.SCHEMA_VIOLATION)
+    assert store.checkpoints.get(task) is None
+    assert store.spend.total().attempts == 1
+    assert task in plan(store, [document], TEST_MODEL).gave_up
 
 
 def test_failed_and_expired_lines_are_classified_and_their_tasks_freed(

@@ -92,10 +92,10 @@ def cmd_follow(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from ai_pipeline.openai_batch import describe
+    from ai_pipeline.openai_batch import job_report
 
     jobs, _ = _jobs()
-    found = [describe(jobs.store, job) for job in jobs.store.openai_batches.recent(args.limit)]
+    found = [job_report(jobs.store, job) for job in jobs.store.openai_batches.recent(args.limit)]
     if args.json:
         print_json(found)
     else:
@@ -113,10 +113,10 @@ def _find(jobs: Any, ident: str) -> Any:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from ai_pipeline.openai_batch import describe
+    from ai_pipeline.openai_batch import job_report
 
     jobs, _ = _jobs()
-    out = describe(jobs.store, _find(jobs, args.id), with_lines=True)
+    out = job_report(jobs.store, _find(jobs, args.id), with_lines=True)
     if args.json:
         print_json(out)
         return EXIT_OK
@@ -128,11 +128,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from ai_pipeline.openai_batch import describe
+    from ai_pipeline.openai_batch import job_report
 
     jobs, _ = _jobs()
     job = jobs.cancel(_find(jobs, args.id).intent_id)
-    out = describe(jobs.store, job)
+    out = job_report(jobs.store, job)
     if args.json:
         print_json(out)
     else:

@@ -307,6 +307,10 @@ class OpenAIBatches:
             submitted_at=utcnow(),
         )
 
+    def record_error(self, intent_id: str, error: str) -> bool:
+        """Why the job's last step failed (it is tried again)."""
+        return self._update(intent_id, None, error=error[:2000])
+
     def record_remote(
         self,
         intent_id: str,
@@ -372,11 +376,14 @@ class OpenAIBatches:
         category: Category | None,
         status_code: int | None,
         error: str,
+        usage: Usage | None = None,
     ) -> bool:
-        """Settle a pending line that has no answer (an error line, expired); False when it was
+        """Settle a pending line that has no answer to keep (an error line, expired, a reply
+        not kept), with its usage when it was paid for; False, and nothing recorded, when it was
         settled before."""
-        return self.db.write(
-            lambda conn: self._settle(
+
+        def settle(conn: Connection) -> bool:
+            settled = self._settle(
                 conn,
                 intent_id,
                 task_id,
@@ -385,7 +392,11 @@ class OpenAIBatches:
                 status_code=status_code,
                 error=error[:2000],
             )
-        )
+            if settled and usage is not None:
+                record_usage(conn, usage)
+            return settled
+
+        return self.db.write(settle)
 
     def finish(self, intent_id: str, status: JobStatus, error: str | None = None) -> int:
         """End a job (INGESTED or ABANDONED): lines still pending become unanswered and every
