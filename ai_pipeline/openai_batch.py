@@ -63,6 +63,7 @@ from ai_pipeline.store.openai_batches import (
     JobStatus,
     LineState,
     PlannedTask,
+    TasksTaken,
 )
 from ai_pipeline.store.spend import ANSWER, ESTIMATED_ANSWER, Usage
 from ai_pipeline.tasks import ANALYSE_STEP, task_id
@@ -196,15 +197,17 @@ def plan(
     max_lines: int = MAX_LINES,
     max_bytes: int = MAX_BYTES,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    expired_to_sync: bool = False,
 ) -> Plan:
     """Record the jobs that would analyse these documents through the Batch API: their tasks
     without a checkpoint, in no open job, and not given up on (``gave_up``), one job per file.
-    Nothing is sent."""
+    ``expired_to_sync``: a task whose line expired is given up on at once (left to the
+    synchronous path) rather than batched again. Nothing is sent."""
     requests, skipped = requests_for(store, document_ids, model, section_chars=section_chars)
     ids = [r.task.task_id for r in requests]
     done = set(store.checkpoints.get_many(ids))
     taken = store.openai_batches.open_jobs_of(ids)
-    gave_up = _given_up(store, ids, max_attempts)
+    gave_up = _given_up(store, ids, max_attempts, expired_to_sync=expired_to_sync)
     wanted = [
         r
         for r in requests
@@ -219,27 +222,50 @@ def plan(
         gave_up={t: why for t, why in gave_up.items() if t not in done and t not in taken},
     )
     for part in split(wanted, max_lines=max_lines, max_bytes=max_bytes):
-        data = file_of(part)
-        job = store.openai_batches.plan(
-            uuid.uuid4().hex,
-            model=model,
-            endpoint=ENDPOINT,
-            tasks=[r.task for r in part],
-            content_hash=content_hash(data),
-            content_bytes=len(data),
-        )
-        result.jobs.append(job)
+        job = _record(store, model, part, result)
+        if job is not None:
+            result.jobs.append(job)
     return result
 
 
-def _given_up(store: Store, task_ids: Sequence[str], max_attempts: int) -> dict[str, str]:
-    """The tasks whose earlier lines say another batch would not help: one failed for good,
-    or ``max_attempts`` failed retryably or expired (a cancelled batch's lines do not count)."""
+def _record(
+    store: Store, model: str, part: list[BatchRequest], result: Plan, tries: int = 3
+) -> BatchJob | None:
+    """Record one job; when another planner took some of its tasks meanwhile, the job is
+    recorded without them (None when none is left)."""
+    for _ in range(tries):
+        if not part:
+            return None
+        data = file_of(part)
+        try:
+            return store.openai_batches.plan(
+                uuid.uuid4().hex,
+                model=model,
+                endpoint=ENDPOINT,
+                tasks=[r.task for r in part],
+                content_hash=content_hash(data),
+                content_bytes=len(data),
+            )
+        except TasksTaken:
+            taken = store.openai_batches.open_jobs_of(r.task.task_id for r in part)
+            result.in_open_jobs.extend(sorted(taken))
+            part = [r for r in part if r.task.task_id not in taken]
+    raise TasksTaken(f"the tasks of a job kept being taken by other planners ({tries} tries)")
+
+
+def _given_up(
+    store: Store, task_ids: Sequence[str], max_attempts: int, *, expired_to_sync: bool = False
+) -> dict[str, str]:
+    """The tasks whose earlier lines say another batch would not help: one failed for good
+    (or expired, with ``expired_to_sync``), or ``max_attempts`` failed retryably or expired (a
+    cancelled batch's lines do not count)."""
     why: dict[str, str] = {}
     tries: dict[str, int] = {}
     for line in store.openai_batches.lines_of(task_ids):
         if line.state == LineState.FAILED and line.category and not line.category.retryable:
             why[line.task_id] = f"{line.category.value}: {line.error or ''}".strip()
+        if line.state == LineState.EXPIRED and expired_to_sync:
+            why.setdefault(line.task_id, "its batch line expired: left to the synchronous path")
         if line.state in (LineState.FAILED, LineState.EXPIRED):
             tries[line.task_id] = tries.get(line.task_id, 0) + 1
     for task, count in tries.items():

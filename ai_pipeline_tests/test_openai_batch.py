@@ -329,6 +329,46 @@ def job_lines(store: Store, job: object) -> list[object]:
     return store.openai_batches.lines(job.intent_id)  # type: ignore[attr-defined, return-value]
 
 
+def test_tasks_another_planner_took_meanwhile_are_left_out_of_the_job(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When another planner records a job for some of the same tasks between the check and the
+    record, the job is recorded without them, and the plan says they are in an open job."""
+    ids = register(store, 3)
+    (first,) = plan(store, ids[:2], TEST_MODEL).jobs
+    real = store.openai_batches.open_jobs_of
+    checks: list[int] = []
+
+    def first_check_sees_nothing(tasks: object) -> dict[str, str]:
+        checks.append(1)  # the other planner recorded its job just after this first check
+        return {} if len(checks) == 1 else real(tasks)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store.openai_batches, "open_jobs_of", first_check_sees_nothing)
+    planned = plan(store, ids, TEST_MODEL)
+    assert len(checks) > 1, "the record was refused, and the taken tasks looked up"
+    (job,) = planned.jobs
+    assert [line.document_id for line in store.openai_batches.lines(job.intent_id)] == [ids[2]]
+    assert len(planned.in_open_jobs) == 2
+    assert {line.intent_id for line in job_lines(store, first)} == {first.intent_id}
+
+
+def test_expired_lines_can_be_left_to_the_synchronous_path(
+    store: Store, simulator: SimulatorServer
+) -> None:
+    """With expired_to_sync, a task whose line expired is given up on (for the synchronous
+    path) instead of batched again."""
+    (document,) = register(store, 1)
+    task = analyser(store, simulator).task_for(document)
+    simulator.set_faults([{"kind": "expire", "match": task}])
+    plan(store, [document], TEST_MODEL)
+    drain(jobs(store, simulator))
+    assert len(plan(store, [document], TEST_MODEL, expired_to_sync=True).jobs) == 0
+    assert plan(store, [document], TEST_MODEL, expired_to_sync=True).gave_up == {
+        task: "its batch line expired: left to the synchronous path"
+    }
+    assert len(plan(store, [document], TEST_MODEL).jobs) == 1
+
+
 def test_requests_are_split_within_the_line_and_size_limits(store: Store) -> None:
     """Files hold at most max_lines lines and max_bytes bytes; plan makes one job per file."""
     ids = register(store, 5)

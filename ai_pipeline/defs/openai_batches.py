@@ -41,10 +41,12 @@ def build_openai_batch_sensor(
     name: str = "openai_batch_sensor",
     interval_seconds: int = DEFAULT_INTERVAL_SECONDS,
     max_jobs: int = DEFAULT_MAX_JOBS,
+    expired_to_sync: bool = False,
     default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.RUNNING,
 ) -> dg.SensorDefinition:
     """A sensor following the Batch API jobs of the results database every
-    ``interval_seconds``, at most ``max_jobs`` jobs a tick."""
+    ``interval_seconds``, at most ``max_jobs`` jobs a tick; documents whose line expired go
+    into a new job, or with ``expired_to_sync`` to an ordinary run (the synchronous path)."""
 
     @dg.sensor(
         name=name,
@@ -60,7 +62,14 @@ def build_openai_batch_sensor(
         results_store: ResultsStore,
         llm: LLMResource,
     ) -> dg.SensorResult | dg.SkipReason:
-        return openai_batch_tick(context, settings, results_store, llm, max_jobs=max_jobs)
+        return openai_batch_tick(
+            context,
+            settings,
+            results_store,
+            llm,
+            max_jobs=max_jobs,
+            expired_to_sync=expired_to_sync,
+        )
 
     return openai_batch_sensor
 
@@ -72,6 +81,7 @@ def openai_batch_tick(
     llm: LLMResource,
     *,
     max_jobs: int = DEFAULT_MAX_JOBS,
+    expired_to_sync: bool = False,
 ) -> dg.SensorResult | dg.SkipReason:
     """One tick: follow the open jobs, then runs for what they answered (``SkipReason`` when no
     job is open)."""
@@ -104,7 +114,13 @@ def openai_batch_tick(
     }
     retry = sorted(progress.unanswered_documents - set(progress.answered_documents))
     if retry:
-        again = plan(store, retry, config.analysis_model, section_chars=config.section_chars)
+        again = plan(
+            store,
+            retry,
+            config.analysis_model,
+            section_chars=config.section_chars,
+            expired_to_sync=expired_to_sync,
+        )
         if again.jobs:
             context.log.info(
                 f"{sum(j.task_count for j in again.jobs)} tasks whose lines failed or expired "

@@ -348,7 +348,8 @@ openai_batch_lines = sa.Table(
     "openai_batch_lines",
     metadata,
     sa.Column("intent_id", sa.String(64), primary_key=True),
-    sa.Column("task_id", sa.String(128), primary_key=True),
+    # Indexed on its own too: a task's lines in every job are looked up by it.
+    sa.Column("task_id", sa.String(128), primary_key=True, index=True),
     sa.Column("ordinal", sa.Integer, nullable=False),
     sa.Column("document_id", sa.String(64), nullable=False, index=True),
     sa.Column("step", sa.String(32), nullable=False),

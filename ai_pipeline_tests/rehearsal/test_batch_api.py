@@ -288,3 +288,14 @@ def test_a_cancelled_batch_keeps_what_was_done_before_the_cancel() -> None:
     assert card["request_counts"]["completed"] == 5
     assert len(api.file(card["output_file_id"]).data.decode().splitlines()) == 5
     assert card["error_file_id"] is None
+
+
+def test_a_batch_cancelled_while_validating_does_nothing() -> None:
+    """A cancel during validation ends the batch cancelled with no line done."""
+    api, clock, batch_id = lifecycle(seconds=100)
+    clock.now += 5
+    assert api.cancel(batch_id)["status"] == "cancelling"
+    clock.now += 5
+    card = api.retrieve(batch_id)
+    assert card["status"] == "cancelled" and card["request_counts"]["completed"] == 0
+    assert card["output_file_id"] is None and card["error_file_id"] is None
