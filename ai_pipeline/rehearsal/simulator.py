@@ -82,6 +82,10 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------
 
 
+# The Batch API's timing, as ``POST /_sim/batch-timing`` sets it (``BatchAPI`` attributes).
+TIMING = ("seconds", "window_seconds", "cancel_seconds")
+
+
 def _error_body(message: str, type_: str, code: str | None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": None, "code": code}}
 
@@ -397,23 +401,19 @@ def create_app(config: SimulatorConfig) -> Starlette:
         if request.method == "POST":
             try:
                 body = await request.json()
-                for name in ("seconds", "window_seconds", "cancel_seconds"):
-                    if name in body:
-                        value = body[name]
-                        if value is not None and (not isinstance(value, int | float) or value < 0):
-                            raise ValueError(f"{name} must be a number >= 0")
-                        if value is None and name != "window_seconds":
-                            raise ValueError(f"{name} must be a number >= 0")
-                        setattr(batches, name, value)
-            except (ValueError, TypeError) as exc:
+                if not isinstance(body, dict):
+                    raise ValueError('expected {"seconds", "window_seconds", "cancel_seconds"}')
+                timing = {k: body[k] for k in TIMING if k in body}
+                for name, value in timing.items():
+                    number = isinstance(value, int | float) and not isinstance(value, bool)
+                    # Only the window may be null (never expires).
+                    if not (number and value >= 0) and not (value is None and name == TIMING[1]):
+                        raise ValueError(f"{name} must be a number >= 0")
+            except ValueError as exc:
                 return JSONResponse(_error_body(str(exc), "invalid_request_error", None), 400)
-        return JSONResponse(
-            {
-                "seconds": batches.seconds,
-                "window_seconds": batches.window_seconds,
-                "cancel_seconds": batches.cancel_seconds,
-            }
-        )
+            for name, value in timing.items():
+                setattr(batches, name, value)
+        return JSONResponse({name: getattr(batches, name) for name in TIMING})
 
     async def get_stats(request: Request) -> Response:
         return JSONResponse(state.stats())

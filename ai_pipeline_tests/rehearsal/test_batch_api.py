@@ -16,7 +16,7 @@ import pytest
 from ai_pipeline.analyses import DOCUMENT_ANALYSIS
 from ai_pipeline.rehearsal.batch_api import BatchAPI
 from ai_pipeline.rehearsal.faults import SimulatorConfig
-from ai_pipeline.rehearsal.simulator import SimulatorServer
+from ai_pipeline.rehearsal.simulator import SimulatorControl, SimulatorServer
 
 TEXTS = [
     f"Report {i}: the Rotterdam depot of Acme Logistics shipped {i * 7} crates on time."
@@ -299,3 +299,24 @@ def test_a_batch_cancelled_while_validating_does_nothing() -> None:
     card = api.retrieve(batch_id)
     assert card["status"] == "cancelled" and card["request_counts"]["completed"] == 0
     assert card["output_file_id"] is None and card["error_file_id"] is None
+
+
+def test_the_batch_timing_is_set_over_the_control_api(server: SimulatorServer) -> None:
+    """SimulatorControl sets how long batches take; a bad value is refused and changes nothing;
+    a reset brings back the configured timing."""
+    control = SimulatorControl(server.base_url)
+    control.set_batch_timing(seconds=100, window_seconds=50)
+    client = client_for(server)
+    batch = submit(client, [("t", body(TEXTS[0]))])
+    assert client.batches.retrieve(batch.id).status == "validating"
+    with pytest.raises(ValueError, match="cancel_seconds"):
+        control._call("POST", "batch-timing", {"seconds": 1, "cancel_seconds": -1})
+    assert control._call("GET", "batch-timing") == {
+        "seconds": 100,
+        "window_seconds": 50,
+        "cancel_seconds": 0.0,
+    }
+    assert control.calls_to("batches.retrieve") == 1
+    control.reset()
+    assert control._call("GET", "batch-timing")["seconds"] == 0.0
+    assert client.batches.list().data == []
