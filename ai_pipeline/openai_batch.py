@@ -258,10 +258,16 @@ def _given_up(
 ) -> dict[str, str]:
     """The tasks whose earlier lines say another batch would not help: one failed for good
     (or expired, with ``expired_to_sync``), or ``max_attempts`` failed retryably or expired (a
-    cancelled batch's lines do not count)."""
+    cancelled batch's lines do not count; a batch that failed validation counts for each)."""
     why: dict[str, str] = {}
     tries: dict[str, int] = {}
-    for line in store.openai_batches.lines_of(task_ids):
+    lines = store.openai_batches.lines_of(task_ids)
+    unanswered = {line.intent_id for line in lines if line.state == LineState.UNANSWERED}
+    remote = store.openai_batches.remote_statuses(unanswered) if unanswered else {}
+    for line in lines:
+        if line.state == LineState.UNANSWERED and remote.get(line.intent_id) == "failed":
+            # Its batch failed validation: that was an attempt too.
+            tries[line.task_id] = tries.get(line.task_id, 0) + 1
         if line.state == LineState.FAILED and line.category and not line.category.retryable:
             why[line.task_id] = f"{line.category.value}: {line.error or ''}".strip()
         if line.state == LineState.EXPIRED and expired_to_sync:
@@ -513,8 +519,10 @@ class BatchJobs:
                 if line.document_id not in progress.answered_documents:
                     progress.unanswered_documents.add(line.document_id)
         self.on_phase("ingested", job)
-        # What no file mentions (a cancelled or failed batch) is released, unanswered.
-        progress.unanswered_documents.update(line.document_id for line in pending.values())
+        # What no file mentions (a cancelled or failed batch) is released, unanswered; only a
+        # failed batch's lines may go again (a cancel was somebody's decision).
+        if job.status == JobStatus.FAILED:
+            progress.unanswered_documents.update(line.document_id for line in pending.values())
         self.store.openai_batches.finish(job.intent_id, JobStatus.INGESTED)
 
     def _settle(
@@ -742,6 +750,7 @@ def job_report(store: Store, job: BatchJob, *, with_lines: bool = False) -> dict
         "batch_id": job.batch_id,
         "file_id": job.file_id,
         "status": job.status.value,
+        "remote_status": job.remote_status,
         "model": job.model,
         "tasks": job.task_count,
         "request_counts": {

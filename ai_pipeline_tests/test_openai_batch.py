@@ -5,6 +5,7 @@ call's reply is, at the batch price, and every phase resumable after a crash."""
 from __future__ import annotations
 
 import asyncio
+import io
 import signal
 import subprocess
 import sys
@@ -317,7 +318,11 @@ def test_a_cancelled_batch_releases_its_unanswered_tasks(
     assert created is not None and created.batch_id is not None
     assert not created.status.remote_ended
     client_for(simulator).batches.cancel(created.batch_id)
-    drain(runner)
+    progress = runner.tick()
+    assert store.openai_batches.unfinished() == []
+    assert progress.unanswered_documents == set(), "a cancel is not undone by a new job"
+    ended = store.openai_batches.get(job.intent_id)
+    assert ended is not None and ended.remote_status == "cancelled"
     assert [line.state for line in store.openai_batches.lines(job.intent_id)] == [
         LineState.UNANSWERED
     ] * 3
@@ -367,6 +372,45 @@ def test_expired_lines_can_be_left_to_the_synchronous_path(
         task: "its batch line expired: left to the synchronous path"
     }
     assert len(plan(store, [document], TEST_MODEL).jobs) == 1
+
+
+def test_a_batch_that_fails_validation_counts_as_an_attempt_of_its_tasks(
+    store: Store, simulator: SimulatorServer
+) -> None:
+    """A batch refused at validation (here: its file corrupted on the way) leaves its lines
+    unanswered and its errors on the job; its tasks go again, until max_attempts."""
+
+    class Corrupting:
+        """The simulator's client, uploading each file with its first line twice."""
+
+        def __init__(self, client: openai.OpenAI) -> None:
+            self.batches = client.batches
+            self.files = self
+            self._client = client
+
+        def list(self, **kwargs: object) -> object:
+            return self._client.files.list(**kwargs)  # type: ignore[arg-type]
+
+        def content(self, file_id: str) -> object:
+            return self._client.files.content(file_id)
+
+        def create(self, *, file: tuple[str, io.BytesIO], purpose: str) -> object:
+            data = file[1].getvalue()
+            doubled = data.splitlines(keepends=True)[0] + data
+            return self._client.files.create(file=(file[0], io.BytesIO(doubled)), purpose=purpose)
+
+    ids = register(store, 2)
+    for attempt in range(1, 5):
+        planned = plan(store, ids, TEST_MODEL, max_attempts=3)
+        if attempt == 4:
+            assert planned.jobs == [] and len(planned.gave_up) == 2
+            break
+        (job,) = planned.jobs
+        progress = BatchJobs(store, Corrupting(client_for(simulator)), PRICES).tick()
+        failed = store.openai_batches.get(job.intent_id)
+        assert failed is not None and failed.remote_status == "failed"
+        assert failed.error is not None and "duplicate_custom_id" in failed.error
+        assert progress.unanswered_documents == set(ids)
 
 
 def test_requests_are_split_within_the_line_and_size_limits(store: Store) -> None:

@@ -88,6 +88,7 @@ class BatchJob:
     file_id: str | None
     batch_id: str | None
     status: JobStatus
+    remote_status: str | None
     request_total: int | None
     request_completed: int | None
     request_failed: int | None
@@ -140,6 +141,7 @@ def _job(row: sa.Row) -> BatchJob:  # type: ignore[type-arg]
         file_id=row.file_id,
         batch_id=row.batch_id,
         status=JobStatus(row.status),
+        remote_status=row.remote_status,
         request_total=row.request_total,
         request_completed=row.request_completed,
         request_failed=row.request_failed,
@@ -269,6 +271,12 @@ class OpenAIBatches:
             query = query.where(openai_batch_lines.c.state == state.value)
         return [_line(r) for r in self.db.rows(query.order_by(openai_batch_lines.c.ordinal))]
 
+    def remote_statuses(self, intent_ids: Iterable[str]) -> dict[str, str | None]:
+        """The remote batch's status of each of these jobs (None: never sent)."""
+        query = sa.select(openai_batches.c.intent_id, openai_batches.c.remote_status)
+        rows = self.db.select_in(query, openai_batches.c.intent_id, intent_ids)
+        return {r.intent_id: r.remote_status for r in rows}
+
     def lines_of(self, task_ids: Iterable[str]) -> list[BatchLine]:
         """Every line these tasks had, in any job."""
         query = sa.select(openai_batch_lines)
@@ -304,6 +312,7 @@ class OpenAIBatches:
             openai_batches.c.batch_id.is_(None),
             batch_id=batch_id,
             status=status.value,
+            remote_status=status.value,
             submitted_at=utcnow(),
         )
 
@@ -327,6 +336,7 @@ class OpenAIBatches:
         finished)."""
         values: dict[str, object] = {
             "status": status.value,
+            "remote_status": status.value,
             "request_total": total,
             "request_completed": completed,
             "request_failed": failed,

@@ -329,6 +329,9 @@ openai_batches = sa.Table(
     # planned, uploaded, then the remote status (validating … completed, failed, expired,
     # cancelled), then ingested when every line is settled; abandoned when it never went out.
     sa.Column("status", sa.String(16), nullable=False, index=True),
+    # The remote batch's own status when last seen (kept once the job is ingested: completed,
+    # failed, expired or cancelled).
+    sa.Column("remote_status", sa.String(16), nullable=True),
     sa.Column("request_total", sa.Integer, nullable=True),
     sa.Column("request_completed", sa.Integer, nullable=True),
     sa.Column("request_failed", sa.Integer, nullable=True),
