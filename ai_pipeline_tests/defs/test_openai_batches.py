@@ -4,6 +4,7 @@ failed lines into a new job."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import dagster as dg
@@ -14,12 +15,15 @@ from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsSto
 from ai_pipeline.intake import register_files
 from ai_pipeline.openai_batch import plan
 from ai_pipeline.rehearsal.simulator import SimulatorServer
+from ai_pipeline.states import State
 from ai_pipeline.store.openai_batches import LineState
+from ai_pipeline_tests.dagster_procs import DagsterProcess, running, wait_for
 from ai_pipeline_tests.support import (
     TEST_API_KEY,
     TEST_MODEL,
     make_inbox,
     results_store,
+    run_cli,
     sample_text,
     task_of,
 )
@@ -89,3 +93,63 @@ def test_a_task_given_up_on_gets_an_ordinary_run(
     (run,) = result.run_requests or []
     assert run.tags["dagster/asset_partition_range_start"] == doc
     assert store.openai_batches.unfinished() == [], "not sent again"
+
+
+BATCH_DEFS = """
+import dagster as dg
+
+from ai_pipeline.definitions import defs as pipeline
+from ai_pipeline.defs.openai_batches import build_openai_batch_sensor
+
+defs = dg.Definitions.merge(
+    pipeline, dg.Definitions(sensors=[build_openai_batch_sensor(interval_seconds=1)])
+)
+"""
+
+
+@pytest.mark.daemon
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_under_the_daemon_a_submitted_batch_completes_every_document_with_no_call(
+    instance: dg.DagsterInstance,
+    simulator: SimulatorServer,
+    tmp_path: Path,
+    backend: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``batch-api submit`` sends one batch; a real dagster-daemon ticks the sensor, which
+    ingests it and launches the runs: every document COMPLETED with its results row, no chat
+    call, one batch at the simulator."""
+    inbox = make_inbox(tmp_path / "inbox", {f"doc-{i}.txt": sample_text(i) for i in range(10)})
+    store = results_store()
+    ids = [r.document_id for r in register_files(store, sorted(inbox.iterdir()), max_bytes=10**6)]
+    code, sent = run_cli(capsys, "batch-api", "submit", "--json")
+    assert code == 0 and sent["tasks"] == 10
+
+    (tmp_path / "batch_defs.py").write_text(BATCH_DEFS)
+    (tmp_path / "workspace.yaml").write_text(
+        "load_from:\n  - python_file:\n      relative_path: batch_defs.py\n"
+        "      attribute: defs\n      location_name: ai_pipeline\n"
+    )
+    daemon = DagsterProcess(
+        "dagster-daemon",
+        ["dagster-daemon", "run", "-w", str(tmp_path / "workspace.yaml")],
+        tmp_path / "daemon.log",
+    )
+    with running(daemon, Path(os.environ["DAGSTER_HOME"])):
+        daemon.start()
+
+        def all_done() -> bool:
+            rows = results_store().documents.rows(ids)
+            runs = instance.get_runs()
+            return (
+                bool(runs)
+                and all(r.state == State.COMPLETED for r in rows)
+                and all(run.is_finished for run in runs)
+            )
+
+        wait_for(daemon, "every document COMPLETED by the runs the sensor launched", all_done, 240)
+
+    assert len(results_store().results.get(ids)) == 10
+    assert simulator.stats()["total"] == 0, "every answer came from the batch"
+    assert simulator.calls_to("batches.create") == 1
+    assert results_store().spend.total().attempts == 10
