@@ -40,7 +40,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ai_pipeline.declaration import DEFAULT_SECTION_CHARS
@@ -55,7 +55,12 @@ from ai_pipeline.llm import (
 )
 from ai_pipeline.redaction import redact, register_secret
 from ai_pipeline.settings import Settings
-from ai_pipeline.spend import Prices
+from ai_pipeline.spend import (
+    DEFAULT_COMPLETION_RESERVE,
+    Budget,
+    Prices,
+    estimate_prompt_tokens,
+)
 from ai_pipeline.states import State
 from ai_pipeline.store import Store, open_store
 from ai_pipeline.store.openai_batches import (
@@ -65,7 +70,7 @@ from ai_pipeline.store.openai_batches import (
     PlannedTask,
     TasksTaken,
 )
-from ai_pipeline.store.spend import ANSWER, ESTIMATED_ANSWER, Usage
+from ai_pipeline.store.spend import ANSWER, ESTIMATED_ANSWER, BudgetRefused, Usage
 from ai_pipeline.tasks import ANALYSE_STEP, task_id
 from ai_pipeline.truncation import larger_limit
 
@@ -106,7 +111,7 @@ class BatchRequest:
         return (json.dumps(request, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Plan:
     """What ``plan`` made of a set of documents: the jobs recorded, and what it left out."""
 
@@ -117,6 +122,9 @@ class Plan:
     # Tasks no longer sent by batch: a line failed for good (a category that is not
     # retryable), or ``max_attempts`` lines failed or expired; task → why.
     gave_up: dict[str, str] = field(default_factory=dict)
+    # Tasks not planned because their job would have taken a budget past its limit.
+    over_budget: list[str] = field(default_factory=list)
+    budget_message: str | None = None
 
 
 def requests_for(
@@ -125,10 +133,13 @@ def requests_for(
     model: str,
     *,
     section_chars: int = DEFAULT_SECTION_CHARS,
+    completion_cap: int | None = None,
 ) -> tuple[list[BatchRequest], dict[str, str]]:
-    """The analysis request of each document, as its synchronous call would send it, and the
-    documents that cannot go in a batch (with why: rejected, no text, or long enough to be cut
-    into sections — those go the synchronous way, which analyses the sections and reduces)."""
+    """The analysis request of each document, as its synchronous call would send it (under a
+    budget its completion limit is at most ``completion_cap``, as a call's under a budget is),
+    and the documents that cannot go in a batch (with why: rejected, no text, or long enough to
+    be cut into sections — those go the synchronous way, which analyses the sections and
+    reduces)."""
     analysis = store.analysis
     requests: list[BatchRequest] = []
     skipped: dict[str, str] = {}
@@ -144,7 +155,11 @@ def requests_for(
             skipped[document_id] = "cut into sections: analysed by the synchronous path"
             continue
         body = chat_request(
-            model, analysis.messages(doc.text), analysis.response_format(), analysis.model
+            model,
+            analysis.messages(doc.text),
+            analysis.response_format(),
+            analysis.model,
+            reserved_completion_tokens=completion_cap,
         )
         task = PlannedTask(
             task_id(document_id, ANALYSE_STEP, analysis.tag(), model), document_id, ANALYSE_STEP
@@ -198,12 +213,28 @@ def plan(
     max_bytes: int = MAX_BYTES,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     expired_to_sync: bool = False,
+    budget_keys: Sequence[str] = (),
+    prices: Prices | None = None,
+    completion_reserve: int = DEFAULT_COMPLETION_RESERVE,
 ) -> Plan:
     """Record the jobs that would analyse these documents through the Batch API: their tasks
     without a checkpoint, in no open job, and not given up on (``gave_up``), one job per file.
     ``expired_to_sync``: a task whose line expired is given up on at once (left to the
-    synchronous path) rather than batched again. Nothing is sent."""
-    requests, skipped = requests_for(store, document_ids, model, section_chars=section_chars)
+    synchronous path) rather than batched again.
+
+    Under budgets (``budget_keys``, priced by ``prices``) each job reserves, as it is recorded,
+    what its lines may cost at the batch price: their prompts' estimate and the completion limit
+    they carry (at most ``completion_reserve``, as a call under a budget); a job the budget
+    cannot hold is not recorded, nor any after it (``over_budget``). Nothing is sent."""
+    if budget_keys and prices is None:
+        raise ValueError("a plan under a budget needs the prices to reserve at")
+    cap = completion_reserve if budget_keys else None
+    requests, skipped = requests_for(
+        store, document_ids, model, section_chars=section_chars, completion_cap=cap
+    )
+    if budget_keys:
+        assert prices is not None
+        requests = [_with_reservation(r, model, prices) for r in requests]
     ids = [r.task.task_id for r in requests]
     done = set(store.checkpoints.get_many(ids))
     taken = store.openai_batches.open_jobs_of(ids)
@@ -221,15 +252,40 @@ def plan(
         not_batchable=skipped,
         gave_up={t: why for t, why in gave_up.items() if t not in done and t not in taken},
     )
-    for part in split(wanted, max_lines=max_lines, max_bytes=max_bytes):
-        job = _record(store, model, part, result)
+    parts = split(wanted, max_lines=max_lines, max_bytes=max_bytes)
+    for n, part in enumerate(parts):
+        try:
+            job = _record(store, model, part, result, budget_keys, cap)
+        except BudgetRefused as refused:
+            state = store.spend.budget(refused.key)
+            result.over_budget.extend(r.task.task_id for p in parts[n:] for r in p)
+            result.budget_message = state.describe() if state is not None else refused.key
+            break
         if job is not None:
             result.jobs.append(job)
     return result
 
 
+def _with_reservation(request: BatchRequest, model: str, prices: Prices) -> BatchRequest:
+    """The request with what its line reserves: its prompt's estimate and the completion limit
+    it carries, at the batch price."""
+    body = request.body
+    prompt = estimate_prompt_tokens(model, body["messages"], body.get("response_format"))
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    completion = limit if isinstance(limit, int) else DEFAULT_COMPLETION_RESERVE
+    usd = prices.price(model).for_batch().cost(prompt, completion)
+    task = replace(request.task, reserved_tokens=prompt + completion, reserved_usd=usd)
+    return BatchRequest(task, body)
+
+
 def _record(
-    store: Store, model: str, part: list[BatchRequest], result: Plan, tries: int = 3
+    store: Store,
+    model: str,
+    part: list[BatchRequest],
+    result: Plan,
+    budget_keys: Sequence[str],
+    completion_cap: int | None,
+    tries: int = 3,
 ) -> BatchJob | None:
     """Record one job; when another planner took some of its tasks meanwhile, the job is
     recorded without them (None when none is left)."""
@@ -245,6 +301,8 @@ def _record(
                 tasks=[r.task for r in part],
                 content_hash=content_hash(data),
                 content_bytes=len(data),
+                budget_keys=budget_keys,
+                completion_cap=completion_cap,
             )
         except TasksTaken:
             taken = store.openai_batches.open_jobs_of(r.task.task_id for r in part)
@@ -409,6 +467,7 @@ class BatchJobs:
             [line.document_id for line in lines],
             job.model,
             section_chars=self.section_chars,
+            completion_cap=job.completion_cap,
         )
         data = file_of(requests)
         if [r.task.task_id for r in requests] != [line.task_id for line in lines] or (
@@ -694,19 +753,35 @@ UNSETTLED = (State.PENDING, State.QUEUED, State.FAILED)
 
 
 def submit(
-    jobs: BatchJobs, model: str, document_ids: Sequence[str] | None = None
+    jobs: BatchJobs,
+    model: str,
+    document_ids: Sequence[str] | None = None,
+    *,
+    budget: Budget | None = None,
 ) -> dict[str, Any]:
     """Plan jobs for these documents (None: every unsettled one) and send them: uploaded and
-    created now, followed by ``follow``. What was planned, and what was left out and why."""
+    created now, followed by ``follow``. Under ``budget`` (a budget of this submission's own)
+    the jobs reserve it at the batch price. What was planned, and what was left out and why."""
     store = jobs.store
+    keys = []
+    if budget is not None:
+        key = f"launch:{uuid.uuid4().hex}"
+        keys.append(store.spend.set_budget(key, tokens=budget.tokens, usd=budget.usd).key)
     if document_ids is None:
         document_ids = [
             row.document_id
             for row in store.documents.rows()
             if row.state in UNSETTLED and not row.rejected_reason
         ]
-    planned = plan(store, document_ids, model, section_chars=jobs.section_chars)
-    sent = [job for job in (_send(jobs, job) for job in planned.jobs)]
+    planned = plan(
+        store,
+        document_ids,
+        model,
+        section_chars=jobs.section_chars,
+        budget_keys=keys,
+        prices=jobs.prices,
+    )
+    sent = [_send(jobs, job) for job in planned.jobs]
     return {
         "jobs": [job_report(store, job) for job in sent],
         "tasks": sum(job.task_count for job in sent),
@@ -714,6 +789,8 @@ def submit(
         "in_open_jobs": len(planned.in_open_jobs),
         "not_batchable": planned.not_batchable,
         "gave_up": planned.gave_up,
+        "over_budget": len(planned.over_budget),
+        "budget": planned.budget_message,
     }
 
 

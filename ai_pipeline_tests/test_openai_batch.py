@@ -29,7 +29,7 @@ from ai_pipeline.openai_batch import (
     split,
 )
 from ai_pipeline.rehearsal.simulator import SimulatorServer
-from ai_pipeline.spend import Price, Prices
+from ai_pipeline.spend import Price, Prices, estimate_prompt_tokens
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline.store.openai_batches import JobStatus, LineState, PlannedTask
@@ -451,7 +451,7 @@ KILLED_AT = """
 import os, signal, sys
 import openai
 from ai_pipeline.openai_batch import BatchJobs
-from ai_pipeline.spend import Price, Prices
+from ai_pipeline.spend import Price, Prices, estimate_prompt_tokens
 from ai_pipeline.store import Store
 
 url, base_url, phase = sys.argv[1:4]
@@ -491,3 +491,44 @@ def test_a_process_killed_at_any_phase_is_resumed_by_the_next(
     assert [line.state for line in lines] == [LineState.ANSWERED] * 3
     assert store.spend.total().attempts == 3
     store.db.dispose()
+
+
+def test_jobs_reserve_their_budget_at_the_batch_price_and_settle_it_line_by_line(
+    store: Store, simulator: SimulatorServer
+) -> None:
+    """Under a budget each job reserves its lines' prompt estimate and capped completion at the
+    batch price; a job the budget cannot hold is not planned; ingestion moves each answered
+    line's reservation into what was spent and gives back a failed line's."""
+    ids = register(store, 3)
+    requests, _ = requests_for(store, ids, TEST_MODEL, completion_cap=200)
+    assert {r.body["max_tokens"] for r in requests} == {200}, "capped as a call under a budget"
+    per_line = [
+        estimate_prompt_tokens(TEST_MODEL, r.body["messages"], r.body["response_format"]) + 200
+        for r in requests
+    ]
+    store.spend.set_budget("launch:b", tokens=per_line[0] + per_line[1], usd=None)
+    planned = plan(
+        store,
+        ids,
+        TEST_MODEL,
+        max_lines=1,
+        budget_keys=["launch:b"],
+        prices=PRICES,
+        completion_reserve=200,
+    )
+    assert len(planned.jobs) == 2 and planned.over_budget == [requests[2].task.task_id]
+    assert planned.budget_message is not None
+    budget = store.spend.budget("launch:b")
+    assert budget is not None and budget.reserved_tokens == per_line[0] + per_line[1]
+    assert budget.reserved_usd == pytest.approx(
+        sum(PRICES.price(TEST_MODEL).for_batch().cost(t - 200, 200) for t in per_line[:2])
+    )
+
+    simulator.set_faults([{"kind": "status", "status": 500, "match": requests[1].task.task_id}])
+    drain(jobs(store, simulator))
+    budget = store.spend.budget("launch:b")
+    spent = store.spend.total()
+    assert budget is not None and budget.reserved_tokens == 0
+    assert budget.reserved_usd == pytest.approx(0, abs=1e-12)
+    assert (budget.spent_tokens, spent.attempts) == (spent.tokens, 1)
+    assert budget.spent_usd == pytest.approx(spent.cost_usd)

@@ -55,10 +55,14 @@ def test_a_job_is_cancelled_by_its_batch_id(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """cancel cancels the remote batch; follow then releases its unanswered tasks."""
+    """A budget too small sends nothing; cancel cancels the remote batch; follow then releases
+    its unanswered tasks."""
     simulator.set_batch_timing(seconds=3600)
     inbox = make_inbox(tmp_path / "inbox", {f"doc-{i}.txt": sample_text(i) for i in range(2)})
     register_files(results_store(), sorted(inbox.iterdir()), max_bytes=1_000_000)
+    _, refused = run_cli(capsys, "batch-api", "submit", "--budget-tokens", "10", "--json")
+    assert refused["tasks"] == 0 and refused["over_budget"] == 2
+    assert "left" in refused["budget"]
     _, sent = run_cli(capsys, "batch-api", "submit", "--json")
     (job,) = sent["jobs"]
 

@@ -15,7 +15,9 @@ from typing import Any
 from ai_pipeline.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
+    add_budget_flags,
     add_output_flags,
+    budget_of,
     ensure_dagster_home,
     print_json,
 )
@@ -51,7 +53,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from ai_pipeline.openai_batch import submit
 
     jobs, settings = _jobs()
-    out = submit(jobs, settings.analysis_model, args.document_ids or None)
+    out = submit(jobs, settings.analysis_model, args.document_ids or None, budget=budget_of(args))
     if args.json:
         print_json(out)
         return EXIT_OK
@@ -65,6 +67,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"  not batched: {document_id}: {why}")
     for task, why in out["gave_up"].items():
         print(f"  given up: {task}: {why}")
+    if out["over_budget"]:
+        print(f"  {out['over_budget']} tasks not sent: over the budget ({out['budget']})")
     if out["jobs"]:
         print("follow them with: ai-pipeline batch-api follow")
     return EXIT_OK
@@ -159,6 +163,7 @@ def add_commands(sub: Any) -> None:
         "open job, at most 50,000 lines and 200 MB a file.",
     )
     p.add_argument("document_ids", nargs="*", metavar="DOCUMENT_ID")
+    add_budget_flags(p, "these jobs (reserved at the batch price as they are planned)")
     add_output_flags(p)
     p.set_defaults(func=cmd_submit)
 

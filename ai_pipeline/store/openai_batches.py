@@ -31,7 +31,7 @@ from ai_pipeline.failures import Category
 from ai_pipeline.store.database import Database
 from ai_pipeline.store.documents import utcnow
 from ai_pipeline.store.rows import aware
-from ai_pipeline.store.spend import Usage, record_usage
+from ai_pipeline.store.spend import Usage, record_usage, release_in, reserve_in
 from ai_pipeline.store.tables import openai_batch_lines, openai_batches
 
 
@@ -95,6 +95,8 @@ class BatchJob:
     output_file_id: str | None
     error_file_id: str | None
     error: str | None
+    budget_keys: list[str]
+    completion_cap: int | None
     created_at: datetime
     updated_at: datetime
     submitted_at: datetime | None
@@ -121,6 +123,9 @@ class PlannedTask:
     task_id: str
     document_id: str
     step: str
+    # What its line reserves of the job's budgets (at the batch price) until it is settled.
+    reserved_tokens: int = 0
+    reserved_usd: float = 0.0
 
 
 class TasksTaken(ValueError):
@@ -148,6 +153,8 @@ def _job(row: sa.Row) -> BatchJob:  # type: ignore[type-arg]
         output_file_id=row.output_file_id,
         error_file_id=row.error_file_id,
         error=row.error,
+        budget_keys=list(row.budget_keys or []),
+        completion_cap=row.completion_cap,
         created_at=aware(row.created_at),
         updated_at=aware(row.updated_at),
         submitted_at=when(row.submitted_at),
@@ -184,12 +191,22 @@ class OpenAIBatches:
         tasks: Sequence[PlannedTask],
         content_hash: str,
         content_bytes: int,
+        budget_keys: Sequence[str] = (),
+        completion_cap: int | None = None,
     ) -> BatchJob:
-        """Record a job before anything is uploaded, claiming its tasks; raises TasksTaken (and
-        records nothing) when one of them is in another open job."""
+        """Record a job before anything is uploaded, claiming its tasks and reserving what its
+        lines may cost against ``budget_keys``; raises TasksTaken, or BudgetRefused
+        (``ai_pipeline.store.spend``), and records nothing, when one of its tasks is in another
+        open job or a budget would be exceeded."""
         now = utcnow()
 
         def insert(conn: Connection) -> None:
+            reserve_in(
+                conn,
+                budget_keys,
+                sum(t.reserved_tokens for t in tasks),
+                sum(t.reserved_usd for t in tasks),
+            )
             conn.execute(
                 sa.insert(openai_batches).values(
                     intent_id=intent_id,
@@ -199,6 +216,8 @@ class OpenAIBatches:
                     content_hash=content_hash,
                     content_bytes=content_bytes,
                     status=JobStatus.PLANNED.value,
+                    budget_keys=list(budget_keys) or None,
+                    completion_cap=completion_cap,
                     created_at=now,
                     updated_at=now,
                 )
@@ -214,6 +233,8 @@ class OpenAIBatches:
                         "step": task.step,
                         "open_task_id": task.task_id,
                         "state": LineState.PENDING.value,
+                        "reserved_tokens": task.reserved_tokens,
+                        "reserved_usd": task.reserved_usd,
                         "updated_at": now,
                     }
                     for ordinal, task in enumerate(tasks)
@@ -353,8 +374,16 @@ class OpenAIBatches:
     # -- settling lines ----------------------------------------------------------------------
 
     def _settle(
-        self, conn: Connection, intent_id: str, task_id: str, state: LineState, **values: object
+        self,
+        conn: Connection,
+        intent_id: str,
+        task_id: str,
+        state: LineState,
+        usage: Usage | None,
+        **values: object,
     ) -> bool:
+        """Move a pending line to ``state`` (a compare-and-set) and settle its reservation:
+        into what was spent when it has ``usage``, else given back."""
         moved = conn.execute(
             sa.update(openai_batch_lines)
             .where(openai_batch_lines.c.intent_id == intent_id)
@@ -362,20 +391,36 @@ class OpenAIBatches:
             .where(openai_batch_lines.c.state == LineState.PENDING.value)
             .values(state=state.value, open_task_id=None, updated_at=utcnow(), **values)
         ).rowcount
-        return bool(moved)
+        if not moved:
+            return False
+        reserved = conn.execute(
+            sa.select(
+                openai_batches.c.budget_keys,
+                openai_batch_lines.c.reserved_tokens,
+                openai_batch_lines.c.reserved_usd,
+            )
+            .select_from(
+                openai_batch_lines.join(
+                    openai_batches, openai_batch_lines.c.intent_id == openai_batches.c.intent_id
+                )
+            )
+            .where(openai_batch_lines.c.intent_id == intent_id)
+            .where(openai_batch_lines.c.task_id == task_id)
+        ).one()
+        keys = list(reserved.budget_keys or [])
+        if usage is not None:
+            record_usage(conn, usage, keys, reserved.reserved_tokens, reserved.reserved_usd)
+        else:
+            release_in(conn, keys, reserved.reserved_tokens, reserved.reserved_usd)
+        return True
 
     def answer_line(self, intent_id: str, task_id: str, usage: Usage | None) -> bool:
-        """Mark a pending line answered (its checkpoint is stored) and record its usage, in one
-        transaction; False, and nothing recorded, when it was settled before."""
-
-        def settle(conn: Connection) -> bool:
-            if not self._settle(conn, intent_id, task_id, LineState.ANSWERED):
-                return False
-            if usage is not None:
-                record_usage(conn, usage)
-            return True
-
-        return self.db.write(settle)
+        """Mark a pending line answered (its checkpoint is stored) and record its usage, moving
+        its reservation into what its budgets spent, in one transaction; False, and nothing
+        recorded, when it was settled before."""
+        return self.db.write(
+            lambda conn: self._settle(conn, intent_id, task_id, LineState.ANSWERED, usage)
+        )
 
     def fail_line(
         self,
@@ -392,29 +437,41 @@ class OpenAIBatches:
         not kept), with its usage when it was paid for; False, and nothing recorded, when it was
         settled before."""
 
-        def settle(conn: Connection) -> bool:
-            settled = self._settle(
+        return self.db.write(
+            lambda conn: self._settle(
                 conn,
                 intent_id,
                 task_id,
                 state,
+                usage,
                 category=category.value if category is not None else None,
                 status_code=status_code,
                 error=error[:2000],
             )
-            if settled and usage is not None:
-                record_usage(conn, usage)
-            return settled
-
-        return self.db.write(settle)
+        )
 
     def finish(self, intent_id: str, status: JobStatus, error: str | None = None) -> int:
-        """End a job (INGESTED or ABANDONED): lines still pending become unanswered and every
-        task is released. Returns how many lines were left unanswered."""
+        """End a job (INGESTED or ABANDONED): lines still pending become unanswered, their
+        reservations are given back, and every task is released. Returns how many lines were
+        left unanswered."""
         assert status.finished
         now = utcnow()
 
         def end(conn: Connection) -> int:
+            keys = conn.execute(
+                sa.select(openai_batches.c.budget_keys).where(
+                    openai_batches.c.intent_id == intent_id
+                )
+            ).scalar_one_or_none()
+            unspent = conn.execute(
+                sa.select(
+                    sa.func.coalesce(sa.func.sum(openai_batch_lines.c.reserved_tokens), 0),
+                    sa.func.coalesce(sa.func.sum(openai_batch_lines.c.reserved_usd), 0.0),
+                )
+                .where(openai_batch_lines.c.intent_id == intent_id)
+                .where(openai_batch_lines.c.state == LineState.PENDING.value)
+            ).one()
+            release_in(conn, list(keys or []), int(unspent[0]), float(unspent[1]))
             left = conn.execute(
                 sa.update(openai_batch_lines)
                 .where(openai_batch_lines.c.intent_id == intent_id)

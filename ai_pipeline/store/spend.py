@@ -171,6 +171,59 @@ def record_usage(
         )
 
 
+class BudgetRefused(Exception):
+    """A reservation would take the budget ``key`` past its limit (raised in the caller's
+    transaction, which then reserves nothing anywhere)."""
+
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def reserve_in(conn: Connection, keys: Sequence[str], tokens: int, usd: float) -> None:
+    """Reserve an estimate against every budget of ``keys`` on ``conn``, each in one conditional
+    UPDATE; raises BudgetRefused for the first that it would exceed."""
+    now = utcnow()
+    for key in keys:
+        fits = sa.and_(
+            budgets.c.key == key,
+            sa.or_(
+                budgets.c.limit_tokens.is_(None),
+                budgets.c.spent_tokens + budgets.c.reserved_tokens + tokens
+                <= budgets.c.limit_tokens,
+            ),
+            sa.or_(
+                budgets.c.limit_usd.is_(None),
+                budgets.c.spent_usd + budgets.c.reserved_usd + usd <= budgets.c.limit_usd,
+            ),
+        )
+        taken = conn.execute(
+            sa.update(budgets)
+            .where(fits)
+            .values(
+                reserved_tokens=budgets.c.reserved_tokens + tokens,
+                reserved_usd=budgets.c.reserved_usd + usd,
+                updated_at=now,
+            )
+        ).rowcount
+        if not taken:
+            raise BudgetRefused(key)
+
+
+def release_in(conn: Connection, keys: Sequence[str], tokens: int, usd: float) -> None:
+    """Give back a reservation nothing was spent against (a request that never went out)."""
+    if keys and (tokens or usd):
+        conn.execute(
+            sa.update(budgets)
+            .where(budgets.c.key.in_(list(keys)))
+            .values(
+                reserved_tokens=budgets.c.reserved_tokens - tokens,
+                reserved_usd=budgets.c.reserved_usd - usd,
+                updated_at=utcnow(),
+            )
+        )
+
+
 class Spend:
     def __init__(self, db: Database):
         self.db = db
@@ -218,41 +271,9 @@ class Spend:
         the budget it would exceed (and nothing is reserved anywhere)."""
         if not keys:
             return None
-
-        class Refused(Exception):
-            def __init__(self, key: str):
-                self.key = key
-
-        def take(conn: Connection) -> None:
-            now = utcnow()
-            for key in keys:
-                fits = sa.and_(
-                    budgets.c.key == key,
-                    sa.or_(
-                        budgets.c.limit_tokens.is_(None),
-                        budgets.c.spent_tokens + budgets.c.reserved_tokens + tokens
-                        <= budgets.c.limit_tokens,
-                    ),
-                    sa.or_(
-                        budgets.c.limit_usd.is_(None),
-                        budgets.c.spent_usd + budgets.c.reserved_usd + usd <= budgets.c.limit_usd,
-                    ),
-                )
-                taken = conn.execute(
-                    sa.update(budgets)
-                    .where(fits)
-                    .values(
-                        reserved_tokens=budgets.c.reserved_tokens + tokens,
-                        reserved_usd=budgets.c.reserved_usd + usd,
-                        updated_at=now,
-                    )
-                ).rowcount
-                if not taken:
-                    raise Refused(key)  # rolls the whole transaction back
-
         try:
-            self.db.write(take)
-        except Refused as refused:
+            self.db.write(lambda conn: reserve_in(conn, keys, tokens, usd))
+        except BudgetRefused as refused:
             return self.budget(refused.key)
         return None
 

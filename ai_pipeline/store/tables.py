@@ -338,6 +338,10 @@ openai_batches = sa.Table(
     sa.Column("output_file_id", sa.String(128), nullable=True),
     sa.Column("error_file_id", sa.String(128), nullable=True),
     sa.Column("error", sa.Text, nullable=True),
+    # The budgets its lines reserved against (at the batch price), and the completion limit its
+    # lines carry under them (None: no budget; the limit the model's settings give).
+    sa.Column("budget_keys", sa.JSON, nullable=True),
+    sa.Column("completion_cap", sa.Integer, nullable=True),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("submitted_at", sa.DateTime(timezone=True), nullable=True),
@@ -363,5 +367,8 @@ openai_batch_lines = sa.Table(
     sa.Column("category", sa.String(32), nullable=True),
     sa.Column("status_code", sa.Integer, nullable=True),
     sa.Column("error", sa.Text, nullable=True),
+    # What the line reserved of its job's budgets until it is settled (0: none).
+    sa.Column("reserved_tokens", sa.Integer, nullable=False, default=0, server_default="0"),
+    sa.Column("reserved_usd", sa.Float, nullable=False, default=0.0, server_default="0"),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
 )
