@@ -4,7 +4,7 @@ What lives here is plain Python that knows nothing of Dagster: readers for the s
 and the normalisation that makes the same content give the same id on every machine. Finding the
 files of an inbox is ``ai_pipeline.inbox``; registering documents is ``ai_pipeline.intake``.
 
-Document id (DESIGN.md, decision 1): lower-case hex of sha256, cut to ``ID_HEX_LENGTH`` characters,
+Document id: lower-case hex of sha256, cut to ``ID_HEX_LENGTH`` characters,
 over the normalised text of a text format, or over the raw bytes of a PDF (whose text extraction
 may change between pypdf releases while its bytes do not) and of a file that cannot be read at all.
 Hex keys are safe everywhere Dagster uses a partition key (URLs, file paths, the UI's range syntax).

@@ -350,7 +350,10 @@ class Analyser:
 
         sections = self.analysis.cut(text, self.section_chars)
         parts: list[dict[str, Any]] | None = None
-        if len(sections) == 1:
+        # A reduce call makes the document's output (another model than a section's): a text of
+        # one section goes through it too.
+        whole = len(sections) == 1 and not (self.analysis.reduce and self.analysis.reduce.is_call)
+        if whole:
             try:
                 reply, from_checkpoint = await self._call(
                     doc, task, ANALYSE_STEP, self.analysis.messages(text), log
@@ -361,7 +364,7 @@ class Analyser:
                 if not sections:
                     raise
                 log.warning(f"too long for the model's context: cut into {len(sections)} sections")
-        if len(sections) == 1:
+        if whole and len(sections) == 1:
             verdict = self._evaluate(reply, text)
         else:
             reply, from_checkpoint, verdict, parts = await self._sectioned(doc, task, sections, log)

@@ -1,29 +1,8 @@
 """The failure taxonomy: every failure of a document's work lands in exactly one category.
 
-A category fixes what happens next; nothing else in the code decides that. The table
-(seed 002 §4, DESIGN.md):
-
-=====================  ========  =========  ==========================================  ===========
-category               layer     retryable  action                                      disposition
-=====================  ========  =========  ==========================================  ===========
-NETWORK_TIMEOUT        network   yes        retry ≤ 2 (1 s, 2 s; cap 5 s), same task id  retry
-RATE_LIMIT_EXCEEDED    protocol  yes        wait Retry-After, at most once a minute     retry
-AUTH_FAILED            protocol  no         refresh credentials once, resubmit          failed
-CONFIGURATION          settings  no         fix the setting; the documents stay as      stopped
-                                            they were (the run stops sending)
-INPUT_QUALITY_ISSUE    protocol  no         snapshot the input, human review queue      review
-SCHEMA_VIOLATION       model     no         human review, prompt fix                    review
-LOW_CONFIDENCE         model     no         human review, prompt fix                    review
-MODEL_REFUSAL          model     no         human review, prompt fix                    review
-MODEL_HALLUCINATION    model     no         quarantine the output, audit                quarantined
-DUPLICATE_EXECUTION    business  no         the downstream already has it: done         done
-BUSINESS_REJECTED      business  no         human review queue                          review
-RUN_INTERRUPTED        runtime   yes        its run ended first: rerun the document     retry
-DATABASE_UNAVAILABLE   runtime   yes        the results database stayed unreachable     retry
-BUDGET_REACHED         runtime   yes        not sent: over budget; a launch with budget  retry
-                                            continues it (not counted as an attempt)
-INTERNAL_ERROR         internal  no         a bug or an unexpected error: look at it    failed
-=====================  ========  =========  ==========================================  ===========
+A category fixes what happens next; nothing else in the code decides that. ``RULES``
+below is the one table of category → layer, retryable?, disposition, action and typical
+cause; docs/failures.md is rendered from it (``ai_pipeline.cli.reference``).
 
 A STOPPED disposition is the run's, not the document's: a setting is wrong (the model name, a
 parameter the model does not take, the endpoint's address), so every document would fail the same
@@ -130,59 +109,127 @@ class Rule:
     retryable: bool
     disposition: Disposition
     action: str
+    # What usually lands a document here, as an operator meets it.
+    cause: str
 
 
 RULES: dict[Category, Rule] = {
     Category.NETWORK_TIMEOUT: Rule(
-        Layer.NETWORK, True, Disposition.RETRY, "retry at most twice (1 s, 2 s), same task id"
+        Layer.NETWORK,
+        True,
+        Disposition.RETRY,
+        "retried twice in the run (1 s, 2 s, capped at 5 s; same task id), then retryable by a "
+        "backfill",
+        cause="timeout, connection reset, 5xx",
     ),
     Category.RATE_LIMIT_EXCEEDED: Rule(
-        Layer.PROTOCOL, True, Disposition.RETRY, "wait Retry-After once per minute, then later"
+        Layer.PROTOCOL,
+        True,
+        Disposition.RETRY,
+        "waits Retry-After once per task per minute, then retryable by a backfill",
+        cause="429",
     ),
     Category.AUTH_FAILED: Rule(
-        Layer.PROTOCOL, False, Disposition.FAILED, "refresh credentials once; then stop the run"
+        Layer.PROTOCOL,
+        False,
+        Disposition.FAILED,
+        "credentials re-read once and the task resubmitted; then the run stops calling (circuit "
+        "open)",
+        cause="401/403",
     ),
     Category.CONFIGURATION: Rule(
         Layer.SETTINGS,
         False,
         Disposition.STOPPED,
-        "fix the setting; the documents stay as they were",
+        "fix the setting; the documents stay as they were: the run stops sending at the first "
+        "such reply, nothing goes to review, no attempt is counted, and run/submit --wait/"
+        "backfill --wait exit 2 with the one message that says what to change",
+        cause="404 (no such model or path), a 400 naming a request setting (temperature, "
+        "max_tokens, response_format, model, …), nothing listening at OPENAI_BASE_URL",
     ),
     Category.INPUT_QUALITY_ISSUE: Rule(
-        Layer.PROTOCOL, False, Disposition.REVIEW, "no retry; input snapshot to the review queue"
+        Layer.PROTOCOL,
+        False,
+        Disposition.REVIEW,
+        "no retry; review queue, with an input snapshot",
+        cause="400/422 about the document, an unreadable file; a document too long for the "
+        "model's context (400 context_length_exceeded) when its analysis has no sections (with "
+        "sections it is cut in halves and analysed from them)",
     ),
     Category.SCHEMA_VIOLATION: Rule(
-        Layer.MODEL, False, Disposition.REVIEW, "no retry; review and fix the prompt"
+        Layer.MODEL,
+        False,
+        Disposition.REVIEW,
+        "no retry; review queue (a prompt fix, or a larger max_output_tokens)",
+        cause="not the JSON asked for; a reply cut off at the token limit (or empty after "
+        "reasoning) again when asked once more with twice the limit (within the budget), its "
+        "reason starting 'truncated:'. A JSON object in a code fence or after a short preface is "
+        "taken from its outermost braces, not a violation (the schema check and the llm_analysis "
+        "metadata reply_unwrapped say so)",
     ),
     Category.LOW_CONFIDENCE: Rule(
-        Layer.MODEL, False, Disposition.REVIEW, "no retry; review and fix the prompt"
+        Layer.MODEL,
+        False,
+        Disposition.REVIEW,
+        "no retry; review queue (a prompt fix)",
+        cause="confidence below the threshold",
     ),
     Category.MODEL_REFUSAL: Rule(
-        Layer.MODEL, False, Disposition.REVIEW, "no retry; review and fix the prompt"
+        Layer.MODEL,
+        False,
+        Disposition.REVIEW,
+        "no retry; review queue (a prompt fix)",
+        cause='"I don\'t know", "我无法回答", … (42 phrasings)',
     ),
     Category.MODEL_HALLUCINATION: Rule(
-        Layer.MODEL, False, Disposition.QUARANTINED, "quarantine the output; audit"
+        Layer.MODEL,
+        False,
+        Disposition.QUARANTINED,
+        "output quarantined, never stored; review queue (audit)",
+        cause="an entity not in the document",
     ),
     Category.DUPLICATE_EXECUTION: Rule(
-        Layer.BUSINESS, False, Disposition.DONE, "the downstream already has it; treat as done"
+        Layer.BUSINESS,
+        False,
+        Disposition.DONE,
+        "the downstream already has it: treated as done",
+        cause="the webhook answers 409 for our key",
     ),
     Category.BUSINESS_REJECTED: Rule(
-        Layer.BUSINESS, False, Disposition.REVIEW, "no retry; human review queue"
+        Layer.BUSINESS,
+        False,
+        Disposition.REVIEW,
+        "no retry; review queue",
+        cause="the webhook answers another 4xx",
     ),
     Category.RUN_INTERRUPTED: Rule(
-        Layer.RUNTIME, True, Disposition.RETRY, "the run ended before the document did; rerun it"
+        Layer.RUNTIME,
+        True,
+        Disposition.RETRY,
+        "the run ended before the document did: the next launch or a backfill reruns it",
+        cause="the run holding the document ended first (worker killed, run terminated)",
     ),
     Category.DATABASE_UNAVAILABLE: Rule(
-        Layer.RUNTIME, True, Disposition.RETRY, "the results database was unreachable; rerun it"
+        Layer.RUNTIME,
+        True,
+        Disposition.RETRY,
+        "rerun it (the next launch or a backfill)",
+        cause="the results database stayed unreachable past the retries",
     ),
     Category.BUDGET_REACHED: Rule(
         Layer.RUNTIME,
         True,
         Disposition.RETRY,
-        "the call was not sent (over budget); a later launch with budget continues it",
+        "the call was not sent and is not counted as an attempt; a later launch with budget "
+        "continues it",
+        cause="the next call would exceed a budget",
     ),
     Category.INTERNAL_ERROR: Rule(
-        Layer.INTERNAL, False, Disposition.FAILED, "an unexpected error; see the run log"
+        Layer.INTERNAL,
+        False,
+        Disposition.FAILED,
+        "an unexpected error; see the run log",
+        cause="a bug",
     ),
 }
 

@@ -22,6 +22,8 @@ class Registered:
     document_id: str
     source: str
     rejected_reason: str | None = None
+    # The first file of its content this store has seen (not an alias of a known document).
+    new: bool = False
 
 
 FILES_PER_TRANSACTION = 500
@@ -41,12 +43,13 @@ def register_files(
     chunk: list[Document | RejectedFile] = []
 
     def flush() -> None:
-        store.documents.register_many(chunk)
+        new = store.documents.register_many(chunk)
         out.extend(
             Registered(
                 document_id=doc.document_id,
                 source=doc.source,
                 rejected_reason=doc.reason if isinstance(doc, RejectedFile) else None,
+                new=doc.document_id in new,
             )
             for doc in chunk
         )

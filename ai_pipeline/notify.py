@@ -2,7 +2,7 @@
 
 A notice is a side effect, so it carries its task id as ``Idempotency-Key`` and is checkpointed
 like an LLM call: the pipeline sends it only when no checkpoint exists for the task, and stores the
-outcome before anything else. What a receiver's answer means (seed 002 §3.4, §4):
+outcome before anything else. What a receiver's answer means:
 
 - 2xx: delivered, done;
 - 409: the receiver already has this key (an earlier attempt got through but its answer was lost):

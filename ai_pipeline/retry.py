@@ -1,4 +1,4 @@
-"""When an outbound call is tried again: the one retry policy of every client (seed 002 §3.1-3.2).
+"""When an outbound call is tried again: the one retry policy of every client.
 
 Both external calls of a document's work — the LLM analysis (``ai_pipeline.llm``) and the
 completion notice (``ai_pipeline.notify``) — go through :meth:`Retrier.call`, so they follow the
@@ -47,7 +47,7 @@ class NullLog:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """The numbers of the policy; the defaults are seed 002's."""
+    """The numbers of the policy; the defaults are the failure table's (``failures.RULES``)."""
 
     max_network_retries: int = 2
     backoff_base_seconds: float = 1.0

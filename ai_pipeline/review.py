@@ -1,4 +1,4 @@
-"""The human review queue (seed 002 §3.6, §5.5): what goes in front of a person, and what a
+"""The human review queue: what goes in front of a person, and what a
 person's decision does.
 
 - ``send_to_review``: a document failed in a way only a person can settle (its category needs a

@@ -51,6 +51,12 @@ SETTINGS: dict[str, Setting] = {
         analyses.DEFAULT.name,
         "the analysis runs make: a built-in's name or a Declaration's import path (pkg.mod:NAME)",
     ),
+    "definitions": Setting(
+        "AI_PIPELINE_DEFINITIONS",
+        None,
+        "the code location the CLI and the service load (package.module[:attribute]): a project "
+        "holding its analyses as components; default: the product's own",
+    ),
     "model": Setting(
         "AI_PIPELINE_MODEL", "gpt-4o-mini", "model sent with every call the analysis leaves open"
     ),
@@ -209,6 +215,7 @@ class Settings:
     tenants_file: str | None
     dagster_url: str
     public_url: str | None = None
+    definitions: str | None = None
 
     @classmethod
     def load(cls, **overrides: Any) -> Settings:

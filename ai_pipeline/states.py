@@ -1,4 +1,4 @@
-"""The per-document state machine (seed 004), enforced in one place: ``check_transition``.
+"""The per-document state machine, enforced in one place: ``check_transition``.
 
 ::
 
@@ -37,7 +37,7 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     # killed, its launch failed); left QUEUED, nothing would ever retry it.
     State.QUEUED: frozenset({State.RUNNING, State.CANCELLED, State.FAILED}),
     # RUNNING -> QUEUED: the run that held the document died (killed, crashed) and a new run picks
-    # it up; seed 004 has no crash path because its workers ack messages, Dagster runs do not.
+    # it up; a message queue redelivers what a dead worker never acknowledged, a dead run does not.
     State.RUNNING: frozenset({State.COMPLETED, State.FAILED, State.QUEUED}),
     State.FAILED: frozenset({State.QUEUED, State.DEAD_LETTER}),
     State.DEAD_LETTER: frozenset({State.QUEUED}),

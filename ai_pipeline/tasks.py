@@ -2,7 +2,7 @@
 
 A task is one external call of a document's work — its LLM analysis, its completion notice. Its id
 (``task_id``) is the call's ``Idempotency-Key``, the key of its checkpoint, and the prefix of every
-log line about it (seed 002 §2): a retry is the same task, a new prompt version or model is not.
+log line about it: a retry is the same task, a new prompt version or model is not.
 """
 
 from __future__ import annotations

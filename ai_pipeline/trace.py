@@ -1,4 +1,4 @@
-"""A document's whole story, in time order, from one id (seed 002 §5.4: one query by task id).
+"""A document's whole story, in time order, from one id.
 
 Given a document id or any of its task ids, :func:`trace` gathers what the results database holds
 of the document — its registration and every file name it arrived under, each LLM attempt with

@@ -1,4 +1,4 @@
-"""OpenTelemetry spans for each document's work and each external call (seed 002 §5.4).
+"""OpenTelemetry spans for each document's work and each external call.
 
 Off unless the standard variables ask for it: ``OTEL_TRACES_EXPORTER`` (``otlp`` or ``console``)
 or ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (OTLP over HTTP; the

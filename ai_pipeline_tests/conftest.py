@@ -67,7 +67,8 @@ def pg_skip_reason() -> str | None:
     return unavailable_reason()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+# The PostgreSQL half carries the ``postgres`` mark, so that ``-m "not postgres"`` leaves it out.
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def backend(request: pytest.FixtureRequest, pg_skip_reason: str | None) -> str:
     if request.param == "postgres" and pg_skip_reason:
         skip_or_fail(pg_skip_reason)

@@ -150,12 +150,13 @@ class DagsterProcess:
         *,
         env: Mapping[str, str] | None = None,
         backfill_loop_seconds: int = BACKFILL_LOOP_SECONDS,
+        workspace: Path = WORKSPACE,
     ) -> DagsterProcess:
         """``dagster-daemon run``, its backfill loop pausing ``backfill_loop_seconds`` between
         iterations instead of Dagster's 30 (the only change: a test then waits seconds for a
         backfill instead of a minute; what an iteration does is the daemon's own code)."""
         script = DAEMON_WITH_BACKFILL_LOOP.format(seconds=backfill_loop_seconds)
-        argv = ["python", "-c", script, "run", "-w", str(WORKSPACE)]
+        argv = ["python", "-c", script, "run", "-w", str(workspace)]
         return cls("dagster-daemon", argv, log_path, env=env)
 
     @classmethod

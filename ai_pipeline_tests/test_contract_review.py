@@ -165,3 +165,32 @@ def test_a_submitter_follows_a_contract_clause_by_clause(store: Store) -> None:
     current = view(store, row)
     assert current.current_step == "analysing clause 7/12"
     assert current.sections_done == 6
+
+
+def test_a_text_without_numbered_clauses_still_gets_its_report(
+    store: Store, simulator: SimulatorServer
+) -> None:
+    """A text of one section: one clause call and the report call; the row is the report."""
+    doc = parse_document(b"The supplier delivers the goods to Acme Ltd by May.", "inbox/note.txt")
+    store.documents.register(doc)
+    events = dict(run_batch(analyser(store, simulator), [doc.document_id]))[doc.document_id]
+
+    assert not [e for e in events if isinstance(e, StageFailed)], events
+    assert simulator.stats()["total"] == 2
+    assert simulator.requests_for(clause_task(doc.document_id, 1)) == 1
+    assert simulator.requests_for(report_task(doc.document_id)) == 1
+    (row,) = store.results.get([doc.document_id])
+    assert set(row.output) == {"overall_risk", "summary", "confidence"}
+
+
+def test_the_command_line_shows_which_clause_a_contract_is_at(store: Store) -> None:
+    """The live line of a run over a contract names the clause it is at: six of twelve
+    checkpointed is "clause 7/12"."""
+    from ai_pipeline.defs.launch import _sections_line
+
+    document_id = register(store)
+    store.documents.transition(document_id, State.RUNNING, through=State.QUEUED)
+    store.documents.set_sections(document_id, 12)
+    for i in range(1, 7):
+        store.checkpoints.put(clause_task(document_id, i), document_id, "analyse.s", {})
+    assert _sections_line(store, [document_id]) == " · clause 7/12"

@@ -46,7 +46,13 @@ def test_definitions_load() -> None:
         "analyse_documents_job",
         "failure_report_job",
     }
-    assert set(defs.resources or {}) == {"results_store", "results_io_manager", "settings", "llm"}
+    assert set(defs.resources or {}) == {
+        "results_store",
+        "results_io_manager",
+        "settings",
+        "llm",
+        "analysis",
+    }
     # One executor, set once on the Definitions: every job runs its one step in process.
     for name in ("analyse_documents_job", "failure_report_job"):
         assert repo.get_job(name).executor_def.name == "in_process"

@@ -50,6 +50,19 @@ EXPECTED_SDK_CATEGORIES = {
     "InternalServerError": C.NETWORK_TIMEOUT,
     "ConflictError": C.NETWORK_TIMEOUT,
     "LengthFinishReasonError": C.SCHEMA_VIOLATION,
+    # The reply came but is not what was asked for: the model layer's, for a person.
+    "APIResponseValidationError": C.SCHEMA_VIOLATION,
+    "ContentFilterFinishReasonError": C.SCHEMA_VIOLATION,
+    # A bare APIStatusError is classified by its status (here 500, as the SDK raises it).
+    "APIStatusError": C.NETWORK_TIMEOUT,
+    # Base classes without a status, and what only other features of the SDK raise (webhooks,
+    # the realtime websocket, the module-level client): nothing a retry or a person can fix.
+    "OpenAIError": C.INTERNAL_ERROR,
+    "APIError": C.INTERNAL_ERROR,
+    "InvalidWebhookSignatureError": C.INTERNAL_ERROR,
+    "WebSocketConnectionClosedError": C.INTERNAL_ERROR,
+    "WebSocketQueueFullError": C.INTERNAL_ERROR,
+    "_AmbiguousModuleClientUsageError": C.INTERNAL_ERROR,
 }
 
 
@@ -87,13 +100,11 @@ def test_the_sdk_exports_the_exceptions_this_module_knows() -> None:
 
 
 @pytest.mark.parametrize("cls", SDK_EXCEPTIONS, ids=lambda cls: cls.__name__)
-def test_every_sdk_exception_maps_to_a_category(cls: type[BaseException]) -> None:
-    """classify gives every exception class the openai SDK exports a Category (and the expected
-    one for the classes the retry policy depends on)."""
-    category = classify(sdk_error(cls))
-    assert isinstance(category, Category)
-    if cls.__name__ in EXPECTED_SDK_CATEGORIES:
-        assert category == EXPECTED_SDK_CATEGORIES[cls.__name__]
+def test_every_sdk_exception_maps_to_its_expected_category(cls: type[BaseException]) -> None:
+    """classify gives every exception class the openai SDK exports the category written down for
+    it here; a class a new SDK release adds fails until someone decides its category."""
+    assert cls.__name__ in EXPECTED_SDK_CATEGORIES, f"{cls.__name__}: which category?"
+    assert classify(sdk_error(cls)) == EXPECTED_SDK_CATEGORIES[cls.__name__]
 
 
 @pytest.mark.parametrize(
@@ -234,7 +245,7 @@ def test_a_configuration_fault_says_to_fix_the_setting() -> None:
     rule = C.CONFIGURATION.rule
     assert not rule.retryable
     assert rule.disposition not in (Disposition.REVIEW, Disposition.QUARANTINED)
-    assert rule.action == "fix the setting; the documents stay as they were"
+    assert rule.action.startswith("fix the setting; the documents stay as they were")
 
 
 @pytest.mark.parametrize(

@@ -277,7 +277,7 @@ def test_refusal_phrase_quoted_from_the_source_is_not_a_refusal() -> None:
     assert ev.passed
     assert find_refusal("I don't know.", source) is None
     # A bare refusal (no JSON) is a refusal even when the document holds the same words: a
-    # document may ask the model to answer "I don't know" (seed 002 §5.2).
+    # document may ask the model to answer "I don't know".
     bare = evaluate("I don't know.", source)
     assert _outcomes(bare) == [("refusal", False)]
     assert bare.failure is not None and bare.failure.category is Category.MODEL_REFUSAL

@@ -16,12 +16,29 @@ BUILTINS: dict[str, Declaration] = {d.name: d for d in (DOCUMENT_ANALYSIS, CONTR
 # The analysis of a deployment that names none.
 DEFAULT = DOCUMENT_ANALYSIS
 _IMPORT = TypeAdapter(ImportString)
+# Declarations made where the code location loads (a component's defs.yaml), by name.
+_REGISTERED: dict[str, Declaration] = {}
+
+
+def register(declaration: Declaration) -> None:
+    """Make a declaration known by its name in this process (a component does, as it loads), so
+    that settings and commands can name it like a built-in. The newest one of a name wins: a
+    reloaded code location replaces its own."""
+    builtin = BUILTINS.get(declaration.name)
+    if builtin is not None and builtin != declaration:
+        raise DeclarationError(
+            f"analysis {declaration.name!r}: the name of a built-in analysis; choose another"
+        )
+    _REGISTERED[declaration.name] = declaration
 
 
 def resolve(name_or_path: str) -> Declaration:
-    """A built-in analysis by name, or a ``Declaration`` by import path (``pkg.mod:NAME``)."""
+    """A built-in or registered analysis by name, or a ``Declaration`` by import path
+    (``pkg.mod:NAME``)."""
     if name_or_path in BUILTINS:
         return BUILTINS[name_or_path]
+    if name_or_path in _REGISTERED:
+        return _REGISTERED[name_or_path]
     if "." not in name_or_path and ":" not in name_or_path:
         raise DeclarationError(
             f"no analysis {name_or_path!r}: the built-ins are {', '.join(BUILTINS)}, or give the "
@@ -36,4 +53,4 @@ def resolve(name_or_path: str) -> Declaration:
     return found
 
 
-__all__ = ["BUILTINS", "CONTRACT_REVIEW", "DEFAULT", "DOCUMENT_ANALYSIS", "resolve"]
+__all__ = ["BUILTINS", "CONTRACT_REVIEW", "DEFAULT", "DOCUMENT_ANALYSIS", "register", "resolve"]

@@ -45,26 +45,47 @@ def build_parser() -> argparse.ArgumentParser:
 
 @contextmanager
 def _analysis(name: str | None) -> Iterator[None]:
-    """``--analysis`` as the setting it overrides, for this command only."""
-    if name is None:
-        yield
-        return
-    from ai_pipeline.analyses import resolve
+    """The analysis a command works on, as the settings it fixes, for this command only.
+
+    With ``AI_PIPELINE_DEFINITIONS`` (a project's code location) the analysis is one of that
+    location's — ``--analysis`` names it, else the first — and its own settings (its results
+    database, its inbox) are the command's. Otherwise ``--analysis`` overrides
+    ``AI_PIPELINE_ANALYSIS``.
+    """
     from ai_pipeline.declaration import DeclarationError
 
+    location = os.environ.get("AI_PIPELINE_DEFINITIONS")
+    if name is None and not location:
+        yield
+        return
     try:
-        resolve(name)
+        fixed = {"AI_PIPELINE_ANALYSIS": name}
+        if location:
+            from ai_pipeline.defs.location import load_definitions
+            from ai_pipeline.defs.site import site_named
+
+            site = site_named(load_definitions(location), name)
+            fixed = {
+                "AI_PIPELINE_ANALYSIS": site.declaration.name,
+                "AI_PIPELINE_DATABASE_URL": site.database_url,
+                "AI_PIPELINE_INBOX": site.inbox,
+            }
+        else:
+            from ai_pipeline.analyses import resolve
+
+            resolve(str(name))
     except DeclarationError as e:
         raise InputError(f"--analysis: {e}") from None
-    before = os.environ.get("AI_PIPELINE_ANALYSIS")
-    os.environ["AI_PIPELINE_ANALYSIS"] = name
+    before = {k: os.environ.get(k) for k in fixed}
+    os.environ.update({k: v for k, v in fixed.items() if v is not None})
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("AI_PIPELINE_ANALYSIS", None)
-        else:
-            os.environ["AI_PIPELINE_ANALYSIS"] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -117,7 +117,7 @@ def add_commands(sub: Any) -> None:
         "completed. The batch id is derived from the sorted document ids, so submitting the same "
         "documents again names the same batch and resumes only what is pending.",
     )
-    p.add_argument("inbox", metavar="DIR")
+    p.add_argument("inbox", metavar="DIR", help="folder of documents (searched recursively)")
     p.add_argument("--batch", required=True, metavar="NAME", help="a name for people")
     add_budget_flags(p, "the batch (every run of it, now and later)")
     add_wait_flags(p, "the backfill")
@@ -130,7 +130,7 @@ def add_commands(sub: Any) -> None:
         description="Report a submitted batch: total / succeeded / failed / pending, and why each "
         "failed document failed.",
     )
-    p.add_argument("batch_id", metavar="BATCH_ID")
+    p.add_argument("batch_id", metavar="BATCH_ID", help="the batch id submit printed")
     add_output_flags(p)
     p.set_defaults(func=cmd_batch)
 
@@ -142,7 +142,7 @@ def add_commands(sub: Any) -> None:
         "with its category and layer, the checks, the checkpoints, review decisions, messages "
         "and notices. ID is a document id or any of its task ids.",
     )
-    p.add_argument("id", metavar="ID")
+    p.add_argument("id", metavar="ID", help="a document id or any of its task ids")
     add_output_flags(p)
     p.set_defaults(func=cmd_trace)
 

@@ -92,14 +92,20 @@ def store() -> Store:
 def launcher(args: argparse.Namespace) -> Launcher:
     """The launcher for this instance and the code location; progress goes to stderr unless
     ``--json`` asked for nothing but JSON."""
-    from ai_pipeline.definitions import defs
     from ai_pipeline.defs.launch import Launcher
+    from ai_pipeline.defs.location import OWN, load_definitions
+    from ai_pipeline.defs.site import site_named
+    from ai_pipeline.settings import Settings
 
+    settings = Settings.load()
+    defs = load_definitions(settings.definitions or OWN)
+    # The command's analysis (``--analysis``, set in the settings by ``ai_pipeline.cli``).
+    site = site_named(defs, settings.declaration.name)
     inst = instance()
     if getattr(args, "json", False):
-        return Launcher(inst, defs)
+        return Launcher(inst, defs, site=site)
     console = Console(sys.stderr)
-    return Launcher(inst, defs, progress=console.say, live=console.live)
+    return Launcher(inst, defs, progress=console.say, live=console.live, site=site)
 
 
 def categories(values: list[str] | None) -> list[Category]:

@@ -95,7 +95,11 @@ def add_commands(sub: Any) -> None:
         "problems, hallucinations, downstream business rejections.",
     )
     actions = review.add_subparsers(dest="review_command", required=True, metavar="ACTION")
-    p = actions.add_parser("list", help="open items", description="List open review items.")
+    p = actions.add_parser(
+        "list",
+        help="open items",
+        description="List open review items: document, category, error, input snapshot, age.",
+    )
     p.add_argument("--category", action="append", metavar="C", help="only this category")
     add_output_flags(p)
     p.set_defaults(func=cmd_review_list)
@@ -108,7 +112,7 @@ def add_commands(sub: Any) -> None:
         "output; the override is recorded with who and why) or --retry (discard that checkpoint "
         f"and call the model again). On success the history records {MANUAL_OVERRIDE_SUCCESS}.",
     )
-    p.add_argument("document", metavar="DOC")
+    p.add_argument("document", metavar="DOC", help="the document id")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--accept-output", action="store_true", help="accept the stored output")
     mode.add_argument("--retry", action="store_true", help="call the model again")
@@ -124,7 +128,7 @@ def add_commands(sub: Any) -> None:
         "(and an English twin) goes to the document's status and the submitter-messages outbox; "
         "nothing downstream is triggered.",
     )
-    p.add_argument("document", metavar="DOC")
+    p.add_argument("document", metavar="DOC", help="the document id")
     p.add_argument("--reason", required=True, metavar="R", help="the problem, e.g. 文件损坏")
     p.add_argument("--by", default=user(), help="reviewer (default: $USER)")
     add_output_flags(p)

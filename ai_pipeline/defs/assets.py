@@ -6,8 +6,8 @@ backfills alike; a single document is a range of one) and analyses its documents
 outputs, so instead, per document and stage, the step yields an ``AssetMaterialization`` once that
 stage's checkpoint is durable, and an ``AssetCheckEvaluation`` for each check of the LLM output. If
 any document failed, the step ends by raising ``Failure`` listing each failed document and its
-category: Dagster then shows FAILED for exactly those documents, from the stage that failed on
-(DESIGN.md, decision 3). When run creation wrote one planned event per asset rather than one per
+category: Dagster then shows FAILED for exactly those documents, from the stage that failed on.
+When run creation wrote one planned event per asset rather than one per
 document (``DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS``), the step first writes the failed
 documents' per-partition planned events itself (``_mark_failed``), which that status rests on.
 
@@ -24,34 +24,27 @@ import dagster as dg
 
 from ai_pipeline import tracing
 from ai_pipeline.batch import run_batch
-from ai_pipeline.defs.checks import CHECK_SPECS, check_evaluations
+from ai_pipeline.defs.checks import check_evaluations, check_specs
 from ai_pipeline.defs.dagster_private import (
     planned_events_per_partition,
     report_planned_materialization,
 )
 from ai_pipeline.defs.io_managers import ResultsIOManager
 from ai_pipeline.defs.logs import run_log
-from ai_pipeline.defs.partitions import NAMED_DOCUMENTS, documents_partitions, named_by
+from ai_pipeline.defs.partitions import NAMED_DOCUMENTS, named_by
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.defs.runs import run_is_over
+from ai_pipeline.defs.site import ANALYSIS_TAG, DEFAULT_SITE, Site
 from ai_pipeline.engine import STAGES, Analyser, StageDeferred, StageDone, StageFailed
 from ai_pipeline.intake import BATCH_TAG
 from ai_pipeline.notify import Notifier
 from ai_pipeline.reporting import build_report, chart_png, to_markdown
-from ai_pipeline.settings import Settings
 from ai_pipeline.spend import Meter, Prices, run_budgets
 
-DOCUMENT_TEXT, LLM_ANALYSIS, VALIDATED_ANALYSIS, ANALYSIS_RESULTS, COMPLETION_NOTICE = (
-    dg.AssetKey(s) for s in STAGES
-)
-ANALYSIS_KEYS = (
-    DOCUMENT_TEXT,
-    LLM_ANALYSIS,
-    VALIDATED_ANALYSIS,
-    ANALYSIS_RESULTS,
-    COMPLETION_NOTICE,
-)
-GROUP = "document_analysis"
+# The keys of the product's own code location (one analysis, no prefix).
+ANALYSIS_KEYS = DEFAULT_SITE.keys
+DOCUMENT_TEXT, LLM_ANALYSIS, VALIDATED_ANALYSIS, ANALYSIS_RESULTS, COMPLETION_NOTICE = ANALYSIS_KEYS
+GROUP = DEFAULT_SITE.group
 # A backfill's documents per run, unless AI_PIPELINE_BACKFILL_RUN_SIZE says otherwise when the
 # code location loads (``with_backfill_run_size``).
 DOCUMENTS_PER_BACKFILL_RUN = 100
@@ -66,45 +59,70 @@ _DESCRIPTIONS = {
 }
 
 
-def _specs() -> list[dg.AssetSpec]:
+def _specs(site: Site) -> list[dg.AssetSpec]:
     # What the analysis depends on: a new version (or declaration) is new code for these stages.
-    version = Settings.load().declaration.tag()
+    version = site.declaration.tag()
     specs = []
     for i, stage in enumerate(STAGES):
         spec = dg.AssetSpec(
-            stage,
-            deps=[STAGES[i - 1]] if i else [],
+            site.key(stage),
+            deps=[site.key(STAGES[i - 1])] if i else [],
             description=_DESCRIPTIONS[stage],
-            group_name=GROUP,
+            group_name=site.group,
             skippable=True,
-            partitions_def=documents_partitions,
+            partitions_def=site.partitions_def,
             kinds={"sql"} if stage == "analysis_results" else {"python"},
             code_version=None if stage == "document_text" else version,
+            tags={ANALYSIS_TAG: site.declaration.name},
         )
         if stage == "analysis_results":
-            spec = spec.with_io_manager_key("results_io_manager")
+            spec = spec.with_io_manager_key(site.name("results_io_manager"))
         specs.append(spec)
     return specs
 
 
-@dg.multi_asset(
-    name="analyse_documents",
-    specs=_specs(),
-    check_specs=CHECK_SPECS,
-    can_subset=True,
-    partitions_def=documents_partitions,
-    backfill_policy=dg.BackfillPolicy.multi_run(DOCUMENTS_PER_BACKFILL_RUN),
-    # A run may name the documents of its range it works on (``ai_pipeline.defs.partitions``).
-    config_schema={NAMED_DOCUMENTS: dg.Field([str], is_required=False)},
-)
-def analyse_documents(
+def build_analysis_assets(
+    site: Site, run_size: int = DOCUMENTS_PER_BACKFILL_RUN
+) -> dg.AssetsDefinition:
+    """The analysis stages of ``site``'s analysis, as one multi-asset over its documents."""
+
+    @dg.multi_asset(
+        name=site.op,
+        specs=_specs(site),
+        check_specs=check_specs(site),
+        can_subset=True,
+        partitions_def=site.partitions_def,
+        backfill_policy=dg.BackfillPolicy.multi_run(run_size),
+        # A run may name the documents of its range it works on (``ai_pipeline.defs.partitions``).
+        config_schema={NAMED_DOCUMENTS: dg.Field([str], is_required=False)},
+        required_resource_keys={
+            site.name(k) for k in ("results_store", "llm", "settings", "results_io_manager")
+        },
+    )
+    def analyse(context: dg.AssetExecutionContext) -> Iterator[Any]:
+        """Read, analyse, check and store every document of the run's partition range."""
+        resources = context.resources
+        yield from _analyse(
+            context,
+            site,
+            results_store=getattr(resources, site.name("results_store")),
+            llm=getattr(resources, site.name("llm")),
+            settings=getattr(resources, site.name("settings")),
+            results_io_manager=getattr(resources, site.name("results_io_manager")),
+        )
+
+    return analyse
+
+
+def _analyse(
     context: dg.AssetExecutionContext,
+    site: Site,
+    *,
     results_store: ResultsStore,
     llm: LLMResource,
     settings: PipelineSettings,
-    results_io_manager: dg.ResourceParam[ResultsIOManager],
+    results_io_manager: ResultsIOManager,
 ) -> Iterator[Any]:
-    """Read, analyse, check and store every document of the run's partition range."""
     # Every stage runs for every document whatever the selection (each is checkpointed, so a
     # stage already done costs nothing), and every stage that completed is reported: a backfill
     # of analysis_results alone then also clears the upstream stages' FAILED status.
@@ -165,7 +183,7 @@ def analyse_documents(
             elif isinstance(event, StageDeferred):
                 elsewhere[document_id] = event
             else:
-                yield from _report(context, event, selected_checks)
+                yield from _report(context, site, event, selected_checks)
         if done % 25 == 0 or done == len(document_ids):
             context.log.info(
                 f"{done}/{len(document_ids)} documents processed, {len(failed)} failed"
@@ -181,10 +199,10 @@ def analyse_documents(
         if state is not None:
             spend_line += f"; budget {state.describe()}"
     context.log.info(spend_line)
-    if LLM_ANALYSIS in context.selected_asset_keys:
+    if site.checked_key in context.selected_asset_keys:
         # The run's totals where the UI shows an asset's history: one observation per run.
         yield dg.AssetObservation(
-            asset_key=LLM_ANALYSIS,
+            asset_key=site.checked_key,
             metadata={
                 "run_id": context.run.run_id,
                 "run_cost_usd": dg.MetadataValue.float(round(spent.cost_usd, 6)),
@@ -205,7 +223,7 @@ def analyse_documents(
         # were in the results database (QUEUED, no attempt counted, nobody's review).
         circuit = analyser.llm.circuit
         reason = circuit.message if circuit is not None else stopped[0].error
-        _mark_failed(context, {d: f for d, f in failed.items() if not f.category.stops_run})
+        _mark_failed(context, site, {d: f for d, f in failed.items() if not f.category.stops_run})
         raise dg.Failure(
             description=f"the run stopped ({stopped[0].category.value}): {reason}",
             metadata={
@@ -218,7 +236,7 @@ def analyse_documents(
             allow_retries=False,
         )
     if failed:
-        _mark_failed(context, failed)
+        _mark_failed(context, site, failed)
         raise dg.Failure(
             description=f"{len(failed)} of {len(document_ids)} documents failed:\n"
             + "\n".join(
@@ -244,7 +262,9 @@ def with_backfill_run_size(assets: dg.AssetsDefinition, size: int) -> dg.AssetsD
     return assets.with_attributes(backfill_policy=dg.BackfillPolicy.multi_run(size))
 
 
-def _mark_failed(context: dg.AssetExecutionContext, failed: dict[str, StageFailed]) -> None:
+def _mark_failed(
+    context: dg.AssetExecutionContext, site: Site, failed: dict[str, StageFailed]
+) -> None:
     """Make Dagster show FAILED for exactly the failed documents, from the stage each failed at.
 
     Dagster derives a partition's FAILED status from a planned event with no materialization in
@@ -258,16 +278,19 @@ def _mark_failed(context: dg.AssetExecutionContext, failed: dict[str, StageFaile
     selected = context.selected_asset_keys
     for document_id, failure in sorted(failed.items()):
         for stage in STAGES[STAGES.index(failure.stage) :]:
-            if dg.AssetKey(stage) in selected:
+            if site.key(stage) in selected:
                 report_planned_materialization(
-                    context.instance, context.run, step_key, dg.AssetKey(stage), document_id
+                    context.instance, context.run, step_key, site.key(stage), document_id
                 )
 
 
 def _report(
-    context: dg.AssetExecutionContext, event: StageDone, selected_checks: set[dg.AssetCheckKey]
+    context: dg.AssetExecutionContext,
+    site: Site,
+    event: StageDone,
+    selected_checks: set[dg.AssetCheckKey],
 ) -> Iterator[Any]:
-    asset_key = dg.AssetKey(event.stage)
+    asset_key = site.key(event.stage)
     yield dg.AssetMaterialization(
         asset_key=asset_key,
         partition=event.document_id,
@@ -288,20 +311,35 @@ RESULTS_FRAME = dg.DagsterType(
 )
 
 
-@dg.asset(
-    ins={
-        "analysis_results": dg.AssetIn(
-            ANALYSIS_RESULTS,
-            partition_mapping=dg.AllPartitionMapping(),
-            dagster_type=RESULTS_FRAME,
+def build_failure_report(site: Site) -> dg.AssetsDefinition:
+    """The failure report of ``site``'s analysis."""
+
+    @dg.asset(
+        key=site.key("failure_report"),
+        ins={
+            "analysis_results": dg.AssetIn(
+                site.results_key,
+                partition_mapping=dg.AllPartitionMapping(),
+                dagster_type=RESULTS_FRAME,
+            )
+        },
+        group_name=site.group,
+        kinds={"pandas"},
+        description="Counts by state and category, failures by day, success rate, tokens and cost.",
+        required_resource_keys={site.name("results_store")},
+    )
+    def failure_report(
+        context: dg.AssetExecutionContext, analysis_results: Any
+    ) -> dg.MaterializeResult:
+        return _failure_report(
+            context, getattr(context.resources, site.name("results_store")), analysis_results
         )
-    },
-    group_name=GROUP,
-    kinds={"pandas"},
-    description="Counts by state and category, failures by day, success rate, tokens and cost.",
-)
-def failure_report(
-    context: dg.AssetExecutionContext, analysis_results: Any, results_store: ResultsStore
+
+    return failure_report
+
+
+def _failure_report(
+    context: dg.AssetExecutionContext, results_store: ResultsStore, analysis_results: Any
 ) -> dg.MaterializeResult:
     report = build_report(results_store.get(), analysis_results)
     png = chart_png(report)
@@ -338,3 +376,9 @@ def failure_report(
             "stale_analyses": sum(report["stale"].values()),
         }
     )
+
+
+# The product's own code location's (``ai_pipeline.definitions`` builds its own through the
+# factory; these serve whoever materializes the assets directly).
+analyse_documents = build_analysis_assets(DEFAULT_SITE)
+failure_report = build_failure_report(DEFAULT_SITE)

@@ -39,7 +39,6 @@ from typing import Any
 
 import dagster as dg
 
-from ai_pipeline.defs.assets import ANALYSIS_KEYS, ANALYSIS_RESULTS
 from ai_pipeline.defs.dagster_private import (
     BULK_ACTION_TERMINAL_STATUSES,
     BulkActionsFilter,
@@ -49,7 +48,8 @@ from ai_pipeline.defs.dagster_private import (
     make_new_run_id,
 )
 from ai_pipeline.defs.jobs import range_tags
-from ai_pipeline.defs.partitions import PARTITIONS_NAME, documents_partitions, naming_config
+from ai_pipeline.defs.partitions import naming_config
+from ai_pipeline.defs.site import ANALYSIS_TAG, DEFAULT_SITE, Site
 from ai_pipeline.failures import Category
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
@@ -96,14 +96,15 @@ def plan_failed_backfill(
     categories: Iterable[Category] | None = None,
     since: datetime | None = None,
     budgeted: bool = False,
+    site: Site = DEFAULT_SITE,
 ) -> BackfillPlan:
     """Documents FAILED in Dagster or in the store, filtered by category and time. BUDGET_REACHED
     ones only when asked for by category and the backfill carries a budget (``budgeted``)."""
     wanted = set(categories) if categories else None
-    keys = instance.get_dynamic_partitions(PARTITIONS_NAME)
+    keys = instance.get_dynamic_partitions(site.partitions)
     partitions = set(keys)
     dagster_status = (
-        instance.get_status_by_partition(ANALYSIS_RESULTS, keys, documents_partitions) or {}
+        instance.get_status_by_partition(site.results_key, keys, site.partitions_def) or {}
     )
     failed_in_dagster = {
         k for k, v in dagster_status.items() if v == dg.AssetPartitionStatus.FAILED
@@ -178,6 +179,7 @@ def run_request_for(
     position: Mapping[str, int],
     asset_keys: Sequence[dg.AssetKey],
     check_keys: Sequence[dg.AssetCheckKey],
+    op: str = DEFAULT_SITE.op,
 ) -> dg.RunRequest:
     """A range run over ``documents`` (in partition order); when the range holds others too, its
     config names the documents it works on."""
@@ -186,17 +188,21 @@ def run_request_for(
         asset_selection=list(asset_keys),
         asset_check_keys=list(check_keys),
         tags=range_tags(documents),
-        run_config=None if contiguous else naming_config(documents),
+        run_config=None if contiguous else naming_config(documents, op),
     )
 
 
 def _with_planned_runs(
-    instance: dg.DagsterInstance, asset_graph: Any, backfill: Any, document_ids: Sequence[str]
+    instance: dg.DagsterInstance,
+    asset_graph: Any,
+    backfill: Any,
+    document_ids: Sequence[str],
+    site: Site,
 ) -> Any:
     """``backfill`` handed to the daemon with its runs planned (``plan_runs``): the daemon
     submits them as it resumes a backfill whose runs it had planned, and plans none itself."""
-    keys = instance.get_dynamic_partitions(PARTITIONS_NAME)
-    policy = asset_graph.get(ANALYSIS_RESULTS).backfill_policy
+    keys = instance.get_dynamic_partitions(site.partitions)
+    policy = asset_graph.get(site.results_key).backfill_policy
     run_size = (policy.max_partitions_per_run if policy else None) or len(document_ids)
     # A few documents go in as many runs as there are run slots, not all in one run: each run
     # calls the LLM only so many at a time.
@@ -205,9 +211,9 @@ def _with_planned_runs(
     if slots is not None and slots > 0:
         run_size = min(run_size, -(-len(document_ids) // slots))
     position = {key: i for i, key in enumerate(keys)}
-    check_keys = list(asset_graph.get_check_keys_for_assets(set(ANALYSIS_KEYS)))
+    check_keys = list(asset_graph.get_check_keys_for_assets(set(site.keys)))
     requests = [
-        run_request_for(run, position, ANALYSIS_KEYS, check_keys)
+        run_request_for(run, position, site.keys, check_keys, site.op)
         for run in plan_runs(document_ids, keys, run_size)
     ]
     data = backfill.asset_backfill_data
@@ -230,6 +236,7 @@ def launch_backfill(
     tags: dict[str, str] | None = None,
     backfill_id: str | None = None,
     include: Sequence[dg.AssetKey] = (),
+    site: Site = DEFAULT_SITE,
 ) -> str:
     """Create an asset backfill of the analysis assets (and ``include``) for these documents; the
     daemon runs it. ``asset_graph`` is the code location's (``repository_def.asset_graph``).
@@ -246,9 +253,9 @@ def launch_backfill(
         backfill_id=backfill_id,
         asset_graph=asset_graph,
         partition_names=list(document_ids),
-        asset_selection=[*ANALYSIS_KEYS, *include],
+        asset_selection=[*site.keys, *include],
         backfill_timestamp=time.time(),
-        tags={BACKFILL_TAG: "failed", **(tags or {})},
+        tags={BACKFILL_TAG: "failed", ANALYSIS_TAG: site.declaration.name, **(tags or {})},
         dynamic_partitions_store=instance,
         all_partitions=False,
         title=title,
@@ -256,16 +263,20 @@ def launch_backfill(
         run_config=None,
     )
     if not include:
-        backfill = _with_planned_runs(instance, asset_graph, backfill, document_ids)
+        backfill = _with_planned_runs(instance, asset_graph, backfill, document_ids, site)
     instance.add_backfill(backfill)
     return backfill_id
 
 
-def active_backfill(instance: dg.DagsterInstance, tag: str, value: str) -> str | None:
-    """The id of a backfill tagged ``tag=value`` that is not over (queued or running), if any."""
+def active_backfill(
+    instance: dg.DagsterInstance, tag: str, value: str, *, analysis: str | None = None
+) -> str | None:
+    """The id of a backfill tagged ``tag=value`` (and, when given, of the analysis ``analysis``)
+    that is not over (queued or running), if any."""
     active = [s for s in BulkActionStatus if s not in BULK_ACTION_TERMINAL_STATUSES]
     for backfill in instance.get_backfills(filters=BulkActionsFilter(statuses=active)):
-        if backfill.tags.get(tag) == value:
+        mine = analysis is None or backfill.tags.get(ANALYSIS_TAG, analysis) == analysis
+        if backfill.tags.get(tag) == value and mine:
             return str(backfill.backfill_id)
     return None
 

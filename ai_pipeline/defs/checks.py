@@ -16,11 +16,9 @@ import dagster as dg
 
 from ai_pipeline.declaration import CheckOutcome
 from ai_pipeline.defs.dagster_private import AssetCheckEvaluationTargetMaterializationData
-from ai_pipeline.defs.partitions import documents_partitions
+from ai_pipeline.defs.site import DEFAULT_SITE, Site
 
 CHECK_NAMES = ("refusal", "schema", "confidence", "grounding")
-
-CHECKED_ASSET = dg.AssetKey("llm_analysis")
 
 _DESCRIPTIONS = {
     "refusal": "The reply is not a refusal (phrase library in Chinese and English).",
@@ -29,19 +27,26 @@ _DESCRIPTIONS = {
     "grounding": "Every value of the fields declared grounded occurs in the document.",
 }
 
-with warnings.catch_warnings():
-    # Partitioned asset checks are a preview feature in dagster 1.13; they are what gives every
-    # document its own check results, so the warning is expected, not news for every load.
-    warnings.simplefilter("ignore", dg.PreviewWarning)
-    CHECK_SPECS = [
-        dg.AssetCheckSpec(
-            name,
-            asset=CHECKED_ASSET,
-            description=_DESCRIPTIONS[name],
-            partitions_def=documents_partitions,
-        )
-        for name in CHECK_NAMES
-    ]
+
+def check_specs(site: Site) -> list[dg.AssetCheckSpec]:
+    """One check per document of ``site``'s LLM replies for each check its analysis declares."""
+    with warnings.catch_warnings():
+        # Partitioned asset checks are a preview feature in dagster 1.13; they are what gives
+        # every document its own check results, so the warning is expected, not news.
+        warnings.simplefilter("ignore", dg.PreviewWarning)
+        return [
+            dg.AssetCheckSpec(
+                name,
+                asset=site.checked_key,
+                description=_DESCRIPTIONS[name],
+                partitions_def=site.partitions_def,
+            )
+            for name in site.declaration.all_check_names
+        ]
+
+
+CHECK_SPECS = check_specs(DEFAULT_SITE)
+CHECKED_ASSET = DEFAULT_SITE.checked_key
 
 
 def _target(

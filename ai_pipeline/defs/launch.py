@@ -28,7 +28,6 @@ from typing import Any
 
 import dagster as dg
 
-from ai_pipeline.defs.assets import ANALYSIS_RESULTS
 from ai_pipeline.defs.backfills import (
     DAGSTER_BACKFILL_TAG,
     active_backfill,
@@ -37,11 +36,12 @@ from ai_pipeline.defs.backfills import (
     settled_status,
     wait_for_backfill,
 )
-from ai_pipeline.defs.jobs import ANALYSIS_JOB_NAME, range_tags
+from ai_pipeline.defs.jobs import range_tags
 from ai_pipeline.defs.logs import TASK_LINES_TAG
-from ai_pipeline.defs.partitions import PARTITIONS_NAME, add_partitions, documents_partitions
+from ai_pipeline.defs.partitions import add_partitions
 from ai_pipeline.defs.run_ends import mark_failed_runs
 from ai_pipeline.defs.sensors import run_statuses
+from ai_pipeline.defs.site import DEFAULT_SITE, Site
 from ai_pipeline.documents import display_path
 from ai_pipeline.errors import InputError
 from ai_pipeline.failures import Category
@@ -62,6 +62,7 @@ from ai_pipeline.spend import BUDGET_TAG, Budget, batch_budget_key
 from ai_pipeline.states import State
 from ai_pipeline.store import Store, open_store
 from ai_pipeline.store.rows import Decision, DocumentRow
+from ai_pipeline.tasks import SECTION_STEP_PREFIX
 from ai_pipeline.trace import trace
 
 QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
@@ -69,6 +70,23 @@ QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}
 
 def _silent(message: str) -> None:
     pass
+
+
+# A run of at most this many documents also shows how far its long documents are ("clause 4/12").
+SECTIONS_SHOWN_UP_TO = 10
+
+
+def _sections_line(store: Store, document_ids: Sequence[str]) -> str:
+    """`` · clause k/n`` for each running document cut into sections (as its analysis names
+    them), the one it is analysing next."""
+    sections = store.analysis.sections
+    label = sections.label if sections is not None else "section"
+    parts = []
+    for doc in store.documents.rows(document_ids):
+        if doc.state == State.RUNNING and doc.sections:
+            done = store.checkpoints.count_for(doc.document_id, SECTION_STEP_PREFIX)
+            parts.append(f"{label} {min(done + 1, doc.sections)}/{doc.sections}")
+    return "".join(f" · {p}" for p in parts)
 
 
 @dataclass(frozen=True)
@@ -113,10 +131,17 @@ class Launcher:
 
     instance: dg.DagsterInstance
     definitions: dg.Definitions
-    settings: Settings = field(default_factory=Settings.load)
+    # The settings of the site's analysis; None: from the site and the environment.
+    settings: Settings = field(default=None)  # type: ignore[assignment]
     progress: Callable[[str], None] = _silent
     # A line that replaces the previous one (documents done / failed / pending, rate, ETA).
     live: Callable[[str], None] = _silent
+    # Which analysis of the code location (``ai_pipeline.defs.site``).
+    site: Site = DEFAULT_SITE
+
+    def __post_init__(self) -> None:
+        if self.settings is None:
+            self.settings = Settings.load(**self.site.settings_overrides)
 
     @property
     def store(self) -> Store:
@@ -135,6 +160,8 @@ class Launcher:
 
         def show(final: bool) -> None:
             line = progress.line(store.documents.count_by_state(document_ids))
+            if not final and len(document_ids) <= SECTIONS_SHOWN_UP_TO:
+                line += _sections_line(store, document_ids)
             (self.progress if final else self.live)(line)
 
         return show
@@ -187,7 +214,7 @@ class Launcher:
         # never started, before the reconcile sensor's next tick says so.
         reconcile(self.store, run_statuses(self.instance))
         runs = self.instance.get_runs(dg.RunsFilter(tags={DAGSTER_BACKFILL_TAG: backfill_id}))
-        mark_failed_runs(self.instance, self.store, runs)
+        mark_failed_runs(self.instance, self.store, runs, self.site)
         show(True)
         return status
 
@@ -207,7 +234,7 @@ class Launcher:
             progress=self._registering(len(listing.files)),
         )
         document_ids = unique_in_order(r.document_id for r in registered)
-        add_partitions(self.instance, document_ids)
+        add_partitions(self.instance, document_ids, self.site.partitions)
         registration = Registration(
             files=len(listing.files),
             document_ids=document_ids,
@@ -239,7 +266,7 @@ class Launcher:
         candidates = [d for d in document_ids if not (d in docs and docs[d].rejected_by_reviewer)]
         in_dagster = (
             self.instance.get_status_by_partition(
-                ANALYSIS_RESULTS, candidates, documents_partitions
+                self.site.results_key, candidates, self.site.partitions_def
             )
             or {}
         )
@@ -258,8 +285,8 @@ class Launcher:
         partitions, all under the budget ``budget`` names (when given); returns one
         ``{"run_id", "documents", "success"}`` per run."""
         budget_tags = {BUDGET_TAG: budget} if budget else {}
-        job = self.definitions.resolve_job_def(ANALYSIS_JOB_NAME)
-        ordered = self.instance.get_dynamic_partitions(PARTITIONS_NAME)
+        job = self.definitions.resolve_job_def(self.site.job_name)
+        ordered = self.instance.get_dynamic_partitions(self.site.partitions)
         ranges = contiguous_ranges(document_ids, ordered, self.settings.documents_per_run)
         runs = []
         with self._watched([d for batch in ranges for d in batch]):
@@ -364,6 +391,7 @@ class Launcher:
             categories=categories,
             since=since,
             budgeted=budget is not None,
+            site=self.site,
         )
         out: dict[str, Any] = {
             "dry_run": dry_run,
@@ -384,7 +412,12 @@ class Launcher:
             ).as_dict()
             tags[BUDGET_TAG] = key
         out["backfill_id"] = launch_backfill(
-            self.instance, self._asset_graph(), plan.document_ids, title=title, tags=tags
+            self.instance,
+            self._asset_graph(),
+            plan.document_ids,
+            title=title,
+            tags=tags,
+            site=self.site,
         )
         if wait:
             out["status"] = self._wait(out["backfill_id"], plan.document_ids, timeout)
@@ -397,8 +430,9 @@ class Launcher:
         """Plan (and unless ``dry_run`` launch) a backfill of the completed documents whose
         analysis was made under another prompt version or model: their new task ids make new
         calls, and the analyses they replace stay in the results history."""
-        version, model = current_versions(self.settings)
-        stale = self.store.results.stale(current_task_suffix(self.settings))
+        store = self.store
+        version, model = current_versions(self.settings, store.analysis)
+        stale = store.results.stale(current_task_suffix(self.settings, store.analysis))
         docs = {d.document_id: d for d in self.store.documents.rows(r.document_id for r in stale)}
         selected = [
             {
@@ -426,6 +460,7 @@ class Launcher:
             self._asset_graph(),
             ids,
             title=f"stale analyses (now prompt {version}, model {model})",
+            site=self.site,
         )
         if wait:
             out["status"] = self._wait(out["backfill_id"], ids, timeout)
@@ -459,7 +494,13 @@ class Launcher:
             "backfill_id": None,
             "already_running": False,
         }
-        running = active_backfill(self.instance, BATCH_TAG, batch_id) if pending else None
+        running = (
+            active_backfill(
+                self.instance, BATCH_TAG, batch_id, analysis=self.settings.declaration.name
+            )
+            if pending
+            else None
+        )
         if running and settled_status(
             self.instance, running, lambda runs: self.store.documents.ended_in(pending, runs)
         ):
@@ -479,6 +520,7 @@ class Launcher:
                 pending,
                 title=f"batch {name}",
                 tags={BATCH_TAG: batch_id},
+                site=self.site,
             )
         if wait and out["backfill_id"]:
             # A backfill found running covers the batch's pending documents as they were then.

@@ -11,19 +11,23 @@ line becomes its task's checkpoint (``ai_pipeline.openai_batch``). Then:
   attempts); those ``plan`` gave up on get an ordinary run too, which classifies them as a call
   would (a document cannot wait for a batch forever).
 
-Built by ``build_openai_batch_sensor`` so that its interval and bound are chosen where the code
-location is assembled. Nothing here is registered by itself.
+Built by ``build_openai_batch_sensor(site)`` for one analysis (``ai_pipeline.defs.site``: its
+job, partitions and resources under the site's names), so that its interval and bound are chosen
+where the code location is assembled (``ai_pipeline.defs.factory``). Nothing here is registered by
+itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import dagster as dg
 
-from ai_pipeline.defs.jobs import analysis_job, range_run_request
-from ai_pipeline.defs.partitions import documents_partitions, missing_partitions
+from ai_pipeline.defs.jobs import range_run_request
+from ai_pipeline.defs.partitions import missing_partitions
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
+from ai_pipeline.defs.site import DEFAULT_SITE, Site
 from ai_pipeline.intake import batches
 from ai_pipeline.openai_batch import BatchJobs, batch_client, plan
 from ai_pipeline.settings import Settings
@@ -37,36 +41,37 @@ RUN_KEY_PREFIX = "openai-batch"
 
 
 def build_openai_batch_sensor(
+    site: Site = DEFAULT_SITE,
     *,
-    name: str = "openai_batch_sensor",
     interval_seconds: int = DEFAULT_INTERVAL_SECONDS,
     max_jobs: int = DEFAULT_MAX_JOBS,
     expired_to_sync: bool = False,
     default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.RUNNING,
 ) -> dg.SensorDefinition:
-    """A sensor following the Batch API jobs of the results database every
+    """A sensor following the Batch API jobs of ``site``'s results database every
     ``interval_seconds``, at most ``max_jobs`` jobs a tick; documents whose line expired go
     into a new job, or with ``expired_to_sync`` to an ordinary run (the synchronous path)."""
+    names = {n: site.name(n) for n in ("settings", "results_store", "llm")}
 
     @dg.sensor(
-        name=name,
-        job=analysis_job,
+        name=site.name("openai_batch_sensor"),
+        job_name=site.job_name,
         minimum_interval_seconds=interval_seconds,
         default_status=default_status,
         description="Follows OpenAI Batch API jobs (upload, create, poll, ingest) and launches "
         "the runs of the documents they answered, which then make no call.",
+        required_resource_keys=set(names.values()),
     )
     def openai_batch_sensor(
-        context: dg.SensorEvaluationContext,
-        settings: PipelineSettings,
-        results_store: ResultsStore,
-        llm: LLMResource,
+        context: dg.SensorEvaluationContext, **_resources: Any
     ) -> dg.SensorResult | dg.SkipReason:
+        resources = {n: getattr(context.resources, key) for n, key in names.items()}
         return openai_batch_tick(
             context,
-            settings,
-            results_store,
-            llm,
+            resources["settings"],
+            resources["results_store"],
+            resources["llm"],
+            site=site,
             max_jobs=max_jobs,
             expired_to_sync=expired_to_sync,
         )
@@ -80,6 +85,7 @@ def openai_batch_tick(
     results_store: ResultsStore,
     llm: LLMResource,
     *,
+    site: Site = DEFAULT_SITE,
     max_jobs: int = DEFAULT_MAX_JOBS,
     expired_to_sync: bool = False,
 ) -> dg.SensorResult | dg.SkipReason:
@@ -91,7 +97,7 @@ def openai_batch_tick(
     pipeline = settings.resolve()
     config = Settings.load(
         base_url=llm.base_url,
-        model=llm.model,
+        analysis=llm.analysis,
         llm_timeout_seconds=llm.timeout_seconds,
         api_key_file=llm.api_key_file,
         api_key_command=llm.api_key_command,
@@ -134,16 +140,20 @@ def openai_batch_tick(
         return dg.SkipReason(
             f"{len(progress.advanced)} Batch API jobs followed; no document to run yet"
         )
-    return _runs_for(context, store, launch, pipeline.documents_per_run)
+    return _runs_for(context, site, store, launch, pipeline.documents_per_run)
 
 
 def _runs_for(
-    context: dg.SensorEvaluationContext, store: Store, run_keys: Mapping[str, str], size: int
+    context: dg.SensorEvaluationContext,
+    site: Site,
+    store: Store,
+    run_keys: Mapping[str, str],
+    size: int,
 ) -> dg.SensorResult:
     """Runs of the analysis job for these documents (document → run key): ranges over the ones
     that are new partitions (added now, so contiguous), one run each for the others."""
     document_ids = sorted(run_keys)
-    new_ids = missing_partitions(context.instance, document_ids)
+    new_ids = missing_partitions(context.instance, document_ids, site.partitions)
     known = [d for d in document_ids if d not in set(new_ids)]
     store.documents.queue(document_ids)
     context.log.info(
@@ -152,13 +162,16 @@ def _runs_for(
     )
     return dg.SensorResult(
         run_requests=[
-            *(range_run_request(batch, prefix=RUN_KEY_PREFIX) for batch in batches(new_ids, size)),
             *(
-                dg.RunRequest(run_key=run_keys[d], job_name=analysis_job.name, partition_key=d)
+                range_run_request(batch, prefix=RUN_KEY_PREFIX, job_name=site.job_name)
+                for batch in batches(new_ids, size)
+            ),
+            *(
+                dg.RunRequest(run_key=run_keys[d], job_name=site.job_name, partition_key=d)
                 for d in known
             ),
         ],
-        dynamic_partitions_requests=[documents_partitions.build_add_request(new_ids)]
+        dynamic_partitions_requests=[site.partitions_def.build_add_request(new_ids)]
         if new_ids
         else [],
     )

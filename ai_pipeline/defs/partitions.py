@@ -22,15 +22,19 @@ ANALYSIS_OP = "analyse_documents"
 NAMED_DOCUMENTS = "documents"
 
 
-def naming_config(document_ids: Sequence[str]) -> dict[str, Any]:
-    """Run config that makes a range run work on these documents of its range only."""
-    return {"ops": {ANALYSIS_OP: {"config": {NAMED_DOCUMENTS: list(document_ids)}}}}
+def naming_config(document_ids: Sequence[str], op: str = ANALYSIS_OP) -> dict[str, Any]:
+    """Run config that makes a range run (of the analysis step ``op``) work on these documents
+    of its range only."""
+    return {"ops": {op: {"config": {NAMED_DOCUMENTS: list(document_ids)}}}}
 
 
 def named_in(run_config: Mapping[str, Any] | None) -> set[str] | None:
     """The documents a run's config names (``naming_config``), or None: all of its range."""
-    ops = (run_config or {}).get("ops") or {}
-    return named_by((ops.get(ANALYSIS_OP) or {}).get("config"))
+    for op_config in ((run_config or {}).get("ops") or {}).values():
+        named = named_by((op_config or {}).get("config"))
+        if named is not None:
+            return named
+    return None
 
 
 def named_by(op_config: Any) -> set[str] | None:
@@ -40,7 +44,9 @@ def named_by(op_config: Any) -> set[str] | None:
     return None
 
 
-def missing_partitions(instance: dg.DagsterInstance, document_ids: Sequence[str]) -> list[str]:
+def missing_partitions(
+    instance: dg.DagsterInstance, document_ids: Sequence[str], partitions: str = PARTITIONS_NAME
+) -> list[str]:
     """The documents (in order, once each) that are not yet partitions: one query per
     ``KEYS_PER_QUERY`` ids, not one per document (``get_existing_dynamic_partitions`` is the
     instance's bounded membership query, not marked public in Dagster 1.13)."""
@@ -48,14 +54,16 @@ def missing_partitions(instance: dg.DagsterInstance, document_ids: Sequence[str]
     existing: set[str] = set()
     for i in range(0, len(wanted), KEYS_PER_QUERY):
         existing |= instance.get_existing_dynamic_partitions(
-            PARTITIONS_NAME, wanted[i : i + KEYS_PER_QUERY]
+            partitions, wanted[i : i + KEYS_PER_QUERY]
         )
     return [d for d in wanted if d not in existing]
 
 
-def add_partitions(instance: dg.DagsterInstance, document_ids: Sequence[str]) -> list[str]:
+def add_partitions(
+    instance: dg.DagsterInstance, document_ids: Sequence[str], partitions: str = PARTITIONS_NAME
+) -> list[str]:
     """Add the documents that are not yet partitions; returns those it added."""
-    missing = missing_partitions(instance, document_ids)
+    missing = missing_partitions(instance, document_ids, partitions)
     for i in range(0, len(missing), KEYS_PER_QUERY):
-        instance.add_dynamic_partitions(PARTITIONS_NAME, missing[i : i + KEYS_PER_QUERY])
+        instance.add_dynamic_partitions(partitions, missing[i : i + KEYS_PER_QUERY])
     return missing

@@ -19,6 +19,9 @@ from ai_pipeline.store import Store, open_store
 class PipelineSettings(dg.ConfigurableResource):
     """Knobs of the pipeline; None means "from the environment, else the default"."""
 
+    # The analysis these settings are for (``ai_pipeline.defs.site``): a built-in's or a
+    # registered declaration's name, or an import path; None: AI_PIPELINE_ANALYSIS.
+    analysis: str | None = None
     inbox: str | None = None
     documents_per_run: int | None = None
     max_document_bytes: int | None = None
@@ -30,6 +33,7 @@ class PipelineSettings(dg.ConfigurableResource):
 
     def resolve(self) -> Settings:
         return Settings.load(
+            analysis=self.analysis,
             inbox=self.inbox,
             documents_per_run=self.documents_per_run,
             max_document_bytes=self.max_document_bytes,
@@ -45,6 +49,8 @@ class ResultsStore(dg.ConfigurableResource):
     """The results database (``AI_PIPELINE_DATABASE_URL``, else SQLite under DAGSTER_HOME)."""
 
     database_url: str | None = None
+    # Whose results (each analysis has its own tables); None: AI_PIPELINE_ANALYSIS.
+    analysis: str | None = None
     _store: Store | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
@@ -55,7 +61,7 @@ class ResultsStore(dg.ConfigurableResource):
         return self._store if self._store is not None else self._open()
 
     def _open(self) -> Store:
-        return open_store(Settings.load(database_url=self.database_url))
+        return open_store(Settings.load(database_url=self.database_url, analysis=self.analysis))
 
 
 class LLMResource(dg.ConfigurableResource):
@@ -63,7 +69,9 @@ class LLMResource(dg.ConfigurableResource):
 
     api_key: str
     base_url: str | None = None
-    model: str | None = None
+    # The analysis whose calls this endpoint answers: its declaration names the model, else
+    # AI_PIPELINE_MODEL does (every consumer of a task id reads the model from there too).
+    analysis: str | None = None
     timeout_seconds: float | None = None
     max_concurrency: int | None = None
     requests_per_minute: int | None = None
@@ -73,7 +81,7 @@ class LLMResource(dg.ConfigurableResource):
     def client(self, **kwargs: Any) -> LLMClient:
         s = Settings.load(
             base_url=self.base_url,
-            model=self.model,
+            analysis=self.analysis,
             llm_timeout_seconds=self.timeout_seconds,
             llm_concurrency=self.max_concurrency,
             llm_requests_per_minute=self.requests_per_minute,

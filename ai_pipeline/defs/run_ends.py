@@ -27,10 +27,10 @@ from datetime import datetime
 
 import dagster as dg
 
-from ai_pipeline.defs.assets import ANALYSIS_KEYS, analyse_documents
 from ai_pipeline.defs.dagster_private import report_planned_materialization
 from ai_pipeline.defs.jobs import RANGE_END_TAG, RANGE_START_TAG
-from ai_pipeline.defs.partitions import PARTITIONS_NAME, named_in
+from ai_pipeline.defs.partitions import named_in
+from ai_pipeline.defs.site import DEFAULT_SITE, Site
 from ai_pipeline.reconcile import fail_unstarted
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
@@ -49,7 +49,9 @@ class RunEnds:
     cursor: str | None
 
 
-def ended_runs(instance: dg.DagsterInstance, cursor: str | None) -> RunEnds:
+def ended_runs(
+    instance: dg.DagsterInstance, cursor: str | None, site: Site = DEFAULT_SITE
+) -> RunEnds:
     """The next analysis runs (at most ``RUNS_PER_TICK``) that ended FAILURE after the run update
     time ``cursor`` (ISO 8601), oldest first."""
     records = instance.get_run_records(
@@ -60,12 +62,12 @@ def ended_runs(instance: dg.DagsterInstance, cursor: str | None) -> RunEnds:
         order_by="update_timestamp",
         ascending=True,
     )
-    runs = [r.dagster_run for r in records if _analyses(r.dagster_run)]
+    runs = [r.dagster_run for r in records if _analyses(r.dagster_run, site)]
     return RunEnds(runs, records[-1].update_timestamp.isoformat() if records else cursor)
 
 
-def _analyses(run: dg.DagsterRun) -> bool:
-    return bool(run.asset_selection and run.asset_selection & set(ANALYSIS_KEYS))
+def _analyses(run: dg.DagsterRun, site: Site) -> bool:
+    return bool(run.asset_selection and run.asset_selection & set(site.keys))
 
 
 def run_documents(run: dg.DagsterRun, partition_keys: Sequence[str]) -> list[str]:
@@ -89,6 +91,7 @@ def mark_unfinished(
     store: Store,
     run: dg.DagsterRun,
     partition_keys: Sequence[str],
+    site: Site = DEFAULT_SITE,
 ) -> list[str]:
     """Write the missing per-partition planned events of ``run``'s unfinished documents; returns
     the documents marked."""
@@ -109,9 +112,9 @@ def mark_unfinished(
     materialized = instance.get_asset_partitions_for_run(
         run.run_id, dg.DagsterEventType.ASSET_MATERIALIZATION
     )
-    step_key = analyse_documents.node_def.name
+    step_key = site.op
     marked: set[str] = set()
-    for asset_key in ANALYSIS_KEYS:
+    for asset_key in site.keys:
         if run.asset_selection is None or asset_key not in run.asset_selection:
             continue
         done = set(planned.get(asset_key, ())) | set(materialized.get(asset_key, ()))
@@ -123,25 +126,28 @@ def mark_unfinished(
 
 
 def mark_failed_runs(
-    instance: dg.DagsterInstance, store: Store, runs: Sequence[dg.DagsterRun]
+    instance: dg.DagsterInstance,
+    store: Store,
+    runs: Sequence[dg.DagsterRun],
+    site: Site = DEFAULT_SITE,
 ) -> dict[str, list[str]]:
     """``mark_unfinished`` for those of these runs that are analysis runs ended FAILURE: the
     documents marked by run id."""
-    ended = [r for r in runs if r.status in ENDED and _analyses(r)]
+    ended = [r for r in runs if r.status in ENDED and _analyses(r, site)]
     marked: dict[str, list[str]] = {}
     if ended:
-        keys = instance.get_dynamic_partitions(PARTITIONS_NAME)
+        keys = instance.get_dynamic_partitions(site.partitions)
         for run in ended:
-            documents = mark_unfinished(instance, store, run, keys)
+            documents = mark_unfinished(instance, store, run, keys, site)
             if documents:
                 marked[run.run_id] = documents
     return marked
 
 
 def mark_ended_runs(
-    instance: dg.DagsterInstance, store: Store, cursor: str | None
+    instance: dg.DagsterInstance, store: Store, cursor: str | None, site: Site = DEFAULT_SITE
 ) -> tuple[dict[str, list[str]], str | None]:
-    """``mark_unfinished`` for the analysis runs that ended after ``cursor``: the documents marked
-    by run id, and the new cursor."""
-    ends = ended_runs(instance, cursor)
-    return mark_failed_runs(instance, store, ends.runs), ends.cursor
+    """``mark_unfinished`` for ``site``'s analysis runs that ended after ``cursor``: the documents
+    marked by run id, and the new cursor."""
+    ends = ended_runs(instance, cursor, site)
+    return mark_failed_runs(instance, store, ends.runs, site), ends.cursor

@@ -1,7 +1,7 @@
 """A reference downstream receiver: a notification webhook that implements idempotency correctly.
 
 It models what the pipeline's completion notices are sent to, a payment gateway or notification
-service that honours ``Idempotency-Key`` (seed 002 §5.3): the first notice with a key is stored and
+service that honours ``Idempotency-Key``: the first notice with a key is stored and
 answered 201, the same key again is answered 409 and stored no second time, and with a
 ``state_file`` a restarted receiver still knows every key it accepted.
 

@@ -1,4 +1,4 @@
-"""The review queue as a page people click (seed 002 §5.5), behind an operator key.
+"""The review queue as a page people click, behind an operator key.
 
 ``GET /review`` lists the open items — a thumbnail of the original (a PDF's first page rendered
 with pypdfium2; the first lines of a text or HTML file), the category, the error, when it was

@@ -1,4 +1,4 @@
-"""The pre-launch checklist of seed 002 §5, items 5.1 to 5.3, checked by hand no more.
+"""The idempotency pre-launch checklist, items 5.1 to 5.3, checked by hand no more.
 
 5.1 task id generation, 5.2 the circuit breaker's configuration, 5.3 idempotency: each test is
 named after its checklist item and runs through Dagster against the simulator on both backends

@@ -1,4 +1,4 @@
-"""Completion notices, exactly once, counted at a real idempotent receiver (seed 002 §3.4, §5.3).
+"""Completion notices, exactly once, counted at a real idempotent receiver.
 
 Every test runs documents through Dagster against the simulator, with ``AI_PIPELINE_WEBHOOK_URL``
 pointing at a :class:`ReceiverServer`; "exactly once" is asserted where it matters, at the
@@ -342,7 +342,7 @@ def test_no_webhook_configured_materializes_the_notice_as_not_sent(
     assert results_store().checkpoints.count(NOTIFY_STEP) == 0
 
 
-# --- seed 002 §5.3 幂等性验证 (idempotency checklist) --------------------------------------------
+# --- 5.3 幂等性验证 (the idempotency checklist) --------------------------------------------
 
 
 def test_seed_5_3_1_same_task_id_twice_second_gets_409_and_one_record_exists(

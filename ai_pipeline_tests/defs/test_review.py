@@ -1,4 +1,4 @@
-"""The human side (seed 002 §5.5): review queue, approve, reject, quarantine and dead letter.
+"""The human side: review queue, approve, reject, quarantine and dead letter.
 
 Documents fail through Dagster against the simulator; people act through the real CLI
 (``ai_pipeline.cli.main`` in this process), and the outcome is asserted on counts at the simulator

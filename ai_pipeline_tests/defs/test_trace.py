@@ -1,4 +1,4 @@
-"""``ai-pipeline trace``: one id, the document's whole story in time order (seed 002 §5.4)."""
+"""``ai-pipeline trace``: one id, the document's whole story in time order."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Spans (seed 002 §5.4): a document's work is one trace, every span in it carries the task id."""
+"""Spans: a document's work is one trace, every span in it carries the task id."""
 
 from __future__ import annotations
 

@@ -24,16 +24,21 @@ def auth(tenant: str, *, key: int = 0) -> dict[str, str]:
     return {"Authorization": f"Bearer {TENANTS[tenant][key]}"}
 
 
-@pytest.fixture
-def tenants_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def write_tenants_file(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The tenants file of ``TENANTS`` and the operator key, named by AI_PIPELINE_TENANTS_FILE."""
     lines = ["tenants:"]
     for tenant, keys in TENANTS.items():
         lines += [f"  {tenant}:", f"    keys: [{', '.join(keys)}]"]
     lines += ["operators:", f"  keys: [{OPERATOR_KEY}]"]
-    path = tmp_path / "tenants.yaml"
+    path = folder / "tenants.yaml"
     path.write_text("\n".join(lines) + "\n")
     monkeypatch.setenv("AI_PIPELINE_TENANTS_FILE", str(path))
     return path
+
+
+@pytest.fixture
+def tenants_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return write_tenants_file(tmp_path, monkeypatch)
 
 
 @pytest.fixture

@@ -1,6 +1,5 @@
 """The submission API under a real uvicorn server, a real dagster-daemon and the simulator over
-HTTP: submit → 202 at once → the submissions sensor's run → polling and SSE follow it to
-COMPLETED; tenants kept apart; one task and one LLM call for 100 concurrent submissions of one
+HTTP (one submission followed to COMPLETED is ``test_api_followed``): tenants kept apart; one task and one LLM call for 100 concurrent submissions of one
 file; cancel; bad uploads refused with nothing recorded."""
 
 from __future__ import annotations
@@ -24,28 +23,12 @@ from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.states import State
 from ai_pipeline.store.tables import tenant_requests
 from ai_pipeline_tests.dagster_procs import DagsterProcess, wait_for
+from ai_pipeline_tests.service.client import sse_events, submit, task_state
 from ai_pipeline_tests.service.conftest import auth, serving
 from ai_pipeline_tests.support import own_simulator, results_store, sample_text
 
 pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 DONE_SECONDS = 120
-
-
-def submit(
-    url: str, tenant: str, text: str, name: str = "doc.txt", **headers: str
-) -> httpx.Response:
-    return httpx.post(
-        f"{url}/api/v1/tasks",
-        json={"text": text, "name": name},
-        headers=auth(tenant) | headers,
-        timeout=30,
-    )
-
-
-def task_state(url: str, tenant: str, task: str) -> dict[str, Any]:
-    response = httpx.get(f"{url}/api/v1/tasks/{task}", headers=auth(tenant), timeout=30)
-    assert response.status_code == 200, response.text
-    return response.json()  # type: ignore[no-any-return]
 
 
 def wait_until(
@@ -56,85 +39,6 @@ def wait_until(
         return state if state["status"] in states else None
 
     return wait_for(server, f"task {task} in {states}", reached, timeout=DONE_SECONDS)  # type: ignore[no-any-return]
-
-
-def sse_events(
-    url: str, tenant: str, task: str, last_event_id: str | None = None
-) -> list[dict[str, Any]]:
-    """Every event of the stream until the server ends it: id, event, data (parsed JSON)."""
-    headers = auth(tenant) | ({"Last-Event-ID": last_event_id} if last_event_id else {})
-    events: list[dict[str, Any]] = []
-    current: dict[str, Any] = {}
-    with httpx.stream(
-        "GET", f"{url}/api/v1/tasks/{task}/events", headers=headers, timeout=DONE_SECONDS
-    ) as response:
-        assert response.status_code == 200, response.read()
-        assert response.headers["content-type"].startswith("text/event-stream")
-        for line in response.iter_lines():
-            if not line:
-                if current:
-                    events.append(current)
-                current = {}
-            elif line.startswith("id:"):
-                current["id"] = line[3:].strip()
-            elif line.startswith("event:"):
-                current["event"] = line[6:].strip()
-            elif line.startswith("data:"):
-                current["data"] = json.loads(line[5:].strip())
-    if current:
-        events.append(current)
-    return events
-
-
-@pytest.mark.slow
-@pytest.mark.daemon
-def test_a_submission_is_accepted_at_once_and_followed_to_completed(
-    service: DagsterProcess, daemon: DagsterProcess, simulator: SimulatorServer
-) -> None:
-    """202 with a task id, poll and SSE URLs at once (before any run: the latency is measured
-    by benchmarks/submit_latency.py); polling and the event stream follow the document to
-    COMPLETED with its result; the stream's progress events grow and end with one
-    ``completed``; ``Last-Event-ID`` resumes without repeating; one LLM call."""
-    daemon.start()
-    text = sample_text(7001)
-    response = submit(service.url, "acme", text, "contract.txt")
-    assert response.status_code == 202, response.text
-    body = response.json()
-    task = body["task_id"]
-    assert body["status"] == "QUEUED"
-    assert body["poll_url"] == f"{service.url}/api/v1/tasks/{task}"
-    assert body["sse_url"] == f"{service.url}/api/v1/tasks/{task}/events"
-    assert body["estimated_seconds"] > 0
-
-    events = sse_events(service.url, "acme", task)
-    assert events[0]["event"] == "status"
-    progress = [e for e in events[1:] if e["event"] == "progress"]
-    finals = [e for e in events if e["event"] in ("completed", "error")]
-    assert [e["event"] for e in finals] == ["completed"] and events[-1] is finals[0]
-    ids = [int(e["id"]) for e in progress]
-    assert ids == sorted(set(ids)) and all(0 <= i <= 100 for i in ids)
-    assert [e["data"]["progress"] for e in progress] == ids
-
-    done = task_state(service.url, "acme", task)
-    assert done["status"] == "COMPLETED" and done["progress"] == 100
-    assert done["completed_at"] and done["dagster_run_url"]
-    store = results_store()
-    (row,) = store.results.get([store.tasks.get("acme", task).document_id])
-    assert (
-        done["result"]["summary"] == row.output["summary"]
-        and finals[0]["data"]["result"] == done["result"]
-    )
-    assert simulator.requests_for(task) == 1
-
-    # Reconnecting after the last progress event: the current status, then the final event only.
-    again = sse_events(service.url, "acme", task, last_event_id=str(ids[-1]) if ids else "0")
-    assert [e["event"] for e in again] == ["status", "completed"]
-    # After the final event: the status alone, nothing repeated.
-    assert [e["event"] for e in sse_events(service.url, "acme", task, "1000")] == ["status"]
-    # A completed task cannot be cancelled.
-    cancel = httpx.delete(f"{service.url}/api/v1/tasks/{task}", headers=auth("acme"), timeout=30)
-    assert cancel.status_code == 409
-    assert simulator.requests_for(task) == 1
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The review queue page in headless Chromium (seed 002 §5.5), under a real uvicorn server and a
+"""The review queue page in headless Chromium, under a real uvicorn server and a
 real dagster-daemon: a PDF item shows its first page; Approve re-submits it under its task id
 (the approvals sensor's run, one more call at the simulator); Reject with a reason records the
 standard message and nothing downstream happens."""

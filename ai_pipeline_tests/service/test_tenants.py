@@ -34,7 +34,7 @@ def test_keys_name_their_tenant_and_operators_apart() -> None:
     assert not tenants.is_operator("a1")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def two_stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Store, Store]]:
     """Two Stores (two engines, as two web processes have) on one empty results database."""
     if request.param == "sqlite":
