@@ -20,6 +20,7 @@ from ai_pipeline.defs.assets import (
 )
 from ai_pipeline.defs.io_managers import ResultsIOManager
 from ai_pipeline.defs.jobs import build_jobs
+from ai_pipeline.defs.openai_batches import build_openai_batch_sensor
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.defs.schedules import build_nightly_retry_schedule
 from ai_pipeline.defs.sensors import build_sensors
@@ -56,7 +57,10 @@ def site_definitions(site: Site, at_load: AtLoad) -> dg.Definitions:
             build_failure_report(site),
         ],
         jobs=list(build_jobs(site)),
-        sensors=build_sensors(site, at_load.sensor_interval_seconds),
+        sensors=[
+            *build_sensors(site, at_load.sensor_interval_seconds),
+            build_openai_batch_sensor(site),
+        ],
         schedules=[build_nightly_retry_schedule(at_load.nightly_cron, at_load.timezone, site)],
         resources={
             site.name("results_store"): store,
