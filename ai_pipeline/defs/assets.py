@@ -16,7 +16,8 @@ counts by state and category, failures by day, tokens and cost.
 """
 
 import base64
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from ai_pipeline.intake import BATCH_TAG
 from ai_pipeline.notify import Notifier
 from ai_pipeline.reporting import build_report, chart_png, to_markdown
 from ai_pipeline.spend import Meter, Prices, run_budgets
+from ai_pipeline.store import Store
 
 # The keys of the product's own code location (one analysis, no prefix).
 ANALYSIS_KEYS = DEFAULT_SITE.keys
@@ -171,6 +173,12 @@ def _analyse(
         section_chars=config.section_chars,
     )
     analyser.claims.owner_over = run_is_over(context.instance)
+    in_batch_api = _in_batch_api(store, analyser.task_for, document_ids)
+    if in_batch_api:
+        # Their requests are in an open Batch API job: its sensor launches their runs when it
+        # is answered; a call now would pay for them twice.
+        document_ids = [d for d in document_ids if d not in in_batch_api]
+        context.log.warning(_batch_api_line(store, in_batch_api))
     context.log.info(
         f"analysing {len(document_ids)} documents with {analyser.llm.model} "
         f"({analyser.analysis.name} {analyser.analysis.tag()})"
@@ -210,6 +218,7 @@ def _analyse(
                 "run_tokens": dg.MetadataValue.int(spent.tokens),
                 "run_llm_attempts": dg.MetadataValue.int(spent.attempts),
                 "spend": dg.MetadataValue.text(spend_line),
+                "waiting_in_batch_api": dg.MetadataValue.int(len(in_batch_api)),
             },
         )
     if elsewhere:
@@ -255,6 +264,30 @@ def _analyse(
             },
             allow_retries=False,
         )
+
+
+def _in_batch_api(
+    store: Store, task_for: Callable[[str], str], document_ids: Sequence[str]
+) -> dict[str, str]:
+    """The documents whose analysis task is in an open Batch API job: document → its intent."""
+    tasks = {task_for(d): d for d in document_ids}
+    return {tasks[t]: intent for t, intent in store.openai_batches.open_jobs_of(tasks).items()}
+
+
+def _batch_api_line(store: Store, in_batch_api: Mapping[str, str]) -> str:
+    """One line naming the Batch API jobs these documents wait in, with their counts."""
+    jobs = []
+    for intent, count in sorted(Counter(in_batch_api.values()).items()):
+        job = store.openai_batches.get(intent)
+        remote = "not sent yet"
+        if job is not None and job.batch_id:
+            done = job.request_completed or 0
+            remote = f"batch {job.batch_id} {job.remote_status}, {done}/{job.request_total} done"
+        jobs.append(f"{intent} ({remote}): {count}")
+    return (
+        f"{len(in_batch_api)} documents are waiting in open Batch API jobs and were left to "
+        f"them, no call made: " + "; ".join(jobs)
+    )
 
 
 def with_backfill_run_size(assets: dg.AssetsDefinition, size: int | None) -> dg.AssetsDefinition:

@@ -13,8 +13,10 @@ import pytest
 from ai_pipeline.defs.openai_batches import build_openai_batch_sensor
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.intake import register_files
-from ai_pipeline.openai_batch import plan
+from ai_pipeline.openai_batch import BatchJobs, batch_client, plan
 from ai_pipeline.rehearsal.simulator import SimulatorServer
+from ai_pipeline.settings import Settings
+from ai_pipeline.spend import Prices
 from ai_pipeline.states import State
 from ai_pipeline.store.openai_batches import LineState
 from ai_pipeline_tests.dagster_procs import DagsterProcess, running, wait_for
@@ -22,6 +24,7 @@ from ai_pipeline_tests.support import (
     TEST_API_KEY,
     TEST_MODEL,
     make_inbox,
+    process_inbox,
     results_store,
     run_cli,
     sample_text,
@@ -93,6 +96,32 @@ def test_a_task_given_up_on_gets_an_ordinary_run(
     (run,) = result.run_requests or []
     assert run.tags["dagster/asset_partition_range_start"] == doc
     assert store.openai_batches.unfinished() == [], "not sent again"
+
+
+def test_a_synchronous_run_leaves_documents_in_an_open_job_to_it(
+    instance: dg.DagsterInstance, simulator: SimulatorServer, tmp_path: Path
+) -> None:
+    """A run over three documents, two of them in a Batch API job not yet answered: one chat
+    call (for the third), and the run's log names the job the two were left to."""
+    simulator.set_batch_timing(seconds=3600)
+    inbox = make_inbox(tmp_path / "inbox", {f"doc-{i}.txt": sample_text(i) for i in range(3)})
+    store = results_store()
+    ids = [r.document_id for r in register_files(store, sorted(inbox.iterdir()), max_bytes=10**6)]
+    (job,) = plan(store, ids[:2], TEST_MODEL).jobs
+    BatchJobs(store, batch_client(Settings.load(), TEST_API_KEY), Prices.of(Settings.load())).tick()
+    sent = store.openai_batches.get(job.intent_id)
+    assert sent is not None and sent.batch_id is not None
+
+    report = process_inbox(inbox)
+
+    assert simulator.stats()["total"] == 1 and simulator.requests_for(task_of(ids[2])) == 1
+    assert [simulator.requests_for(task_of(d)) for d in ids[:2]] == [0, 0]
+    by_id = {d["document_id"]: d["state"] for d in report["documents"]}
+    assert by_id[ids[2]] == "COMPLETED" and by_id[ids[0]] != "COMPLETED"
+    (run,) = report["runs"]
+    messages = [e.user_message for e in instance.all_logs(run["run_id"])]
+    (line,) = [m for m in messages if "waiting in open Batch API jobs" in m]
+    assert line.startswith("2 documents") and job.intent_id in line and sent.batch_id in line
 
 
 BATCH_DEFS = """
