@@ -71,7 +71,7 @@ from ai_pipeline.store.openai_batches import (
     TasksTaken,
 )
 from ai_pipeline.store.spend import ANSWER, ESTIMATED_ANSWER, BudgetRefused, Usage
-from ai_pipeline.tasks import ANALYSE_STEP, task_id
+from ai_pipeline.tasks import ANALYSE_STEP, document_of, task_id
 from ai_pipeline.truncation import larger_limit
 
 logger = logging.getLogger("ai_pipeline.openai_batch")
@@ -90,6 +90,7 @@ INTENT_KEY = "ai_pipeline_intent"
 # this machine and the endpoint's differ a little).
 CLOCK_SLACK_SECONDS = 300
 _REMOTE = {s.value: s for s in JobStatus}
+NO_SUCH_DOCUMENT = "no such document"
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ def requests_for(
     for document_id in dict.fromkeys(document_ids):
         doc = store.documents.load(document_id)
         if doc is None:
-            skipped[document_id] = "no such document"
+            skipped[document_id] = NO_SUCH_DOCUMENT
             continue
         if doc.rejected_reason or doc.text is None:
             skipped[document_id] = doc.rejected_reason or "no text"
@@ -758,12 +759,15 @@ def submit(
     document_ids: Sequence[str] | None = None,
     *,
     budget: Budget | None = None,
+    budget_keys: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Plan jobs for these documents (None: every unsettled one) and send them: uploaded and
     created now, followed by ``follow``. Under ``budget`` (a budget of this submission's own)
-    the jobs reserve it at the batch price. What was planned, and what was left out and why."""
+    and the budgets ``budget_keys`` names, the jobs reserve them at the batch price. What was
+    planned, and what was left out and why; ``left_to_sync`` lists the documents the synchronous
+    path is to finish (a checkpoint already, not batchable, or given up on)."""
     store = jobs.store
-    keys = []
+    keys = list(budget_keys)
     if budget is not None:
         key = f"launch:{uuid.uuid4().hex}"
         keys.append(store.spend.set_budget(key, tokens=budget.tokens, usd=budget.usd).key)
@@ -782,7 +786,18 @@ def submit(
         prices=jobs.prices,
     )
     sent = [_send(jobs, job) for job in planned.jobs]
+    left = {document_of(t) for t in [*planned.done, *planned.gave_up]}
+    left.update(d for d, why in planned.not_batchable.items() if why != NO_SUCH_DOCUMENT)
     return {
+        "left_to_sync": sorted(left),
+        "documents_in_jobs": sorted(
+            {
+                job_line.document_id
+                for job in sent
+                for job_line in store.openai_batches.lines(job.intent_id)
+            }
+            | {document_of(t) for t in planned.in_open_jobs}
+        ),
         "jobs": [job_report(store, job) for job in sent],
         "tasks": sum(job.task_count for job in sent),
         "already_done": len(planned.done),

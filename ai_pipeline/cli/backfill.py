@@ -13,11 +13,14 @@ from ai_pipeline.cli.common import (
     UsageError,
     add_budget_flags,
     add_output_flags,
+    add_via_flag,
     add_wait_flags,
+    api_key_for,
     budget_of,
     categories,
     exit_code,
     launcher,
+    print_batch_api,
     print_json,
     print_table,
     store,
@@ -49,7 +52,12 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         )
     if args.stale:
         out = relaunch.backfill_stale(
-            launcher(args), dry_run=args.dry_run, wait=args.wait, timeout=args.timeout
+            launcher(args),
+            dry_run=args.dry_run,
+            wait=args.wait,
+            timeout=args.timeout,
+            via=args.via,
+            api_key=api_key_for(args),
         )
     else:
         out = relaunch.backfill_failed(
@@ -60,6 +68,8 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             wait=args.wait,
             timeout=args.timeout,
             budget=budget_of(args),
+            via=args.via,
+            api_key=api_key_for(args),
         )
     if args.json:
         print_json(out)
@@ -70,6 +80,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             print(f"  + {d['document_id']}  {d['category'] or '-':<20} {Path(d['source']).name}")
         for d in out["skipped"]:
             print(f"  - {d['document_id']}  {d['skipped']}")
+        print_batch_api(out)
         if out["backfill_id"]:
             print(f"backfill {out['backfill_id']} launched (the daemon runs it; see Backfills)")
         if "status" in out:
@@ -122,6 +133,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--since", metavar="T", help="only documents that failed at or after T (ISO)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, launch nothing")
     add_budget_flags(p, "the backfill (all its runs together)")
+    add_via_flag(p, "the selected documents")
     add_wait_flags(p, "the backfill")
     add_output_flags(p)
     p.set_defaults(func=cmd_backfill)

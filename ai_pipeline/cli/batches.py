@@ -11,9 +11,12 @@ from ai_pipeline.cli.common import (
     EXIT_OK,
     add_budget_flags,
     add_output_flags,
+    add_via_flag,
     add_wait_flags,
+    api_key_for,
     budget_of,
     launcher,
+    print_batch_api,
     print_json,
     print_spend,
     stopped,
@@ -41,6 +44,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         wait=args.wait,
         timeout=args.timeout,
         budget=budget_of(args),
+        via=args.via,
+        api_key=api_key_for(args),
     )
     if args.json:
         print_json(out)
@@ -55,6 +60,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 f"batch {out['batch_id']} ({args.batch}): {out['total']} documents, "
                 f"{out['pending_at_submit']} submitted for analysis"
             )
+        print_batch_api(out)
         if out["backfill_id"]:
             print(
                 f"backfill {out['backfill_id']}; follow it with: ai-pipeline batch {out['batch_id']}"
@@ -129,6 +135,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("inbox", metavar="DIR", help="folder of documents (searched recursively)")
     p.add_argument("--batch", required=True, metavar="NAME", help="a name for people")
     add_budget_flags(p, "the batch (every run of it, now and later)")
+    add_via_flag(p, "the batch's pending documents")
     add_wait_flags(p, "the backfill")
     add_output_flags(p)
     p.set_defaults(func=cmd_submit)

@@ -188,6 +188,39 @@ def add_wait_flags(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--timeout", type=float, default=1800, help="seconds --wait waits (1800)")
 
 
+def add_via_flag(p: argparse.ArgumentParser, what: str) -> None:
+    """``--via sync|batch``: how ``what`` is analysed."""
+    p.add_argument(
+        "--via",
+        choices=("sync", "batch"),
+        default="sync",
+        help=f"how {what} is analysed: synchronous calls in a backfill's runs (sync, the "
+        "default), or OpenAI's Batch API at half the price, answered within 24 hours (batch: "
+        "needs OPENAI_API_KEY; the daemon's openai_batch_sensor follows the jobs and runs the "
+        "answered documents with no call; documents that cannot go in a job go in a backfill)",
+    )
+
+
+def api_key_for(args: argparse.Namespace) -> str | None:
+    """The endpoint's key when the command goes through the Batch API (``--via batch``)."""
+    return os.environ.get("OPENAI_API_KEY") if getattr(args, "via", "sync") == "batch" else None
+
+
+def print_batch_api(out: dict[str, Any]) -> None:
+    """What a launch ``--via batch`` sent, in a line or two."""
+    sent = out.get("batch_api")
+    if not sent:
+        return
+    ids = ", ".join(j["batch_id"] or j["intent_id"] for j in sent["jobs"]) or "none"
+    print(
+        f"Batch API: {sent['tasks']} documents in {len(sent['jobs'])} new jobs ({ids}), "
+        f"{sent['in_open_jobs']} in open jobs already, {len(sent['left_to_sync'])} left to a "
+        "backfill; see: ai-pipeline batch-api list"
+    )
+    if sent["over_budget"]:
+        print(f"  {sent['over_budget']} not sent: over the budget ({sent['budget']})")
+
+
 class Console:
     """Messages and a live progress line on a stream (stderr).
 

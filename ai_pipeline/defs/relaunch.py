@@ -1,11 +1,17 @@
 """What the command line launches as backfills: the failed documents a rerun can fix, the stale
 analyses, and named batches (``submit``), each a Dagster backfill the daemon runs, through a
-``Launcher`` (its instance, code location and analysis)."""
+``Launcher`` (its instance, code location and analysis).
+
+Each can go ``via`` OpenAI's Batch API instead (``BATCH_API``): the same documents are handed to
+Batch API jobs (``ai_pipeline.openai_batch``), which the analysis's ``openai_batch_sensor``
+follows and whose answered documents it runs (no call); what cannot go in a job (cut into
+sections, given up on, answered already) still goes in an ordinary backfill."""
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,9 +27,18 @@ from ai_pipeline.documents import display_path
 from ai_pipeline.errors import InputError
 from ai_pipeline.failures import Category
 from ai_pipeline.intake import BATCH_TAG, batch_key
+from ai_pipeline.openai_batch import BatchJobs, batch_client
+from ai_pipeline.openai_batch import submit as submit_to_batch_api
 from ai_pipeline.reporting import current_task_suffix, current_versions, status_report, stop_reason
-from ai_pipeline.spend import BUDGET_TAG, Budget, batch_budget_key
+from ai_pipeline.spend import BUDGET_TAG, Budget, Prices, batch_budget_key
 from ai_pipeline.states import State
+from ai_pipeline.tasks import ANALYSE_STEP, task_id
+
+# How a launch's documents are analysed: synchronous calls in a backfill's runs, or OpenAI's
+# Batch API (half the price, answers within 24 hours).
+SYNC = "sync"
+BATCH_API = "batch"
+VIA = (SYNC, BATCH_API)
 
 
 def backfill_failed(
@@ -35,10 +50,13 @@ def backfill_failed(
     wait: bool = False,
     timeout: float = 1800,
     budget: Budget | None = None,
+    via: str = SYNC,
+    api_key: str | None = None,
 ) -> dict[str, Any]:
     """Plan (and unless ``dry_run`` launch) a backfill of the failed documents a rerun can fix.
     With a budget, all the backfill's runs share it, and BUDGET_REACHED documents can be
-    selected (by category): without one they stay held."""
+    selected (by category): without one they stay held. ``via`` BATCH_API: the documents go
+    in Batch API jobs (``api_key``: the endpoint's), the budget reserved at the batch price."""
     categories = list(categories or [])
     plan = plan_failed_backfill(
         launcher.instance,
@@ -66,22 +84,23 @@ def backfill_failed(
             key, tokens=budget.tokens, usd=budget.usd
         ).as_dict()
         tags[BUDGET_TAG] = key
-    out["backfill_id"] = launch_backfill(
-        launcher.instance,
-        launcher.asset_graph,
-        plan.document_ids,
-        title=title,
-        tags=tags,
-        site=launcher.site,
+    out.update(
+        _launch(launcher, plan.document_ids, title=title, tags=tags, via=via, api_key=api_key)
     )
     if wait:
-        out["status"] = launcher.wait(out["backfill_id"], plan.document_ids, timeout)
+        out["status"] = _wait(launcher, out, plan.document_ids, timeout)
         out.update(status_report(launcher.store, plan.document_ids))
     return out
 
 
 def backfill_stale(
-    launcher: Launcher, *, dry_run: bool = False, wait: bool = False, timeout: float = 1800
+    launcher: Launcher,
+    *,
+    dry_run: bool = False,
+    wait: bool = False,
+    timeout: float = 1800,
+    via: str = SYNC,
+    api_key: str | None = None,
 ) -> dict[str, Any]:
     """Plan (and unless ``dry_run`` launch) a backfill of the completed documents whose
     analysis was made under another prompt version or model: their new task ids make new
@@ -111,15 +130,10 @@ def backfill_stale(
     }
     if dry_run or not ids:
         return out
-    out["backfill_id"] = launch_backfill(
-        launcher.instance,
-        launcher.asset_graph,
-        ids,
-        title=f"stale analyses (now prompt {version}, model {model})",
-        site=launcher.site,
-    )
+    title = f"stale analyses (now prompt {version}, model {model})"
+    out.update(_launch(launcher, ids, title=title, tags={}, via=via, api_key=api_key))
     if wait:
-        out["status"] = launcher.wait(out["backfill_id"], ids, timeout)
+        out["status"] = _wait(launcher, out, ids, timeout)
         out.update(status_report(launcher.store, ids))
     return out
 
@@ -132,10 +146,12 @@ def submit_batch(
     wait: bool = False,
     timeout: float = 1800,
     budget: Budget | None = None,
+    via: str = SYNC,
+    api_key: str | None = None,
 ) -> dict[str, Any]:
-    """Register a folder as a named batch and launch a backfill for what is pending. A budget
-    is the batch's: every run of it, at once or later, shares it; given again, it replaces
-    the limits (what was spent stays spent)."""
+    """Register a folder as a named batch and launch a backfill for what is pending (``via``
+    BATCH_API: Batch API jobs). A budget is the batch's: every run of it, at once or later,
+    shares it; given again, it replaces the limits (what was spent stays spent)."""
     document_ids = launcher.register_inbox(inbox).document_ids
     if not document_ids:
         raise InputError(f"{display_path(inbox)} holds no files")
@@ -174,15 +190,20 @@ def submit_batch(
             f"batch {name}: backfill {running} is still queued or running; nothing new launched"
         )
     elif pending:
-        out["backfill_id"] = launch_backfill(
-            launcher.instance,
-            launcher.asset_graph,
-            pending,
-            title=f"batch {name}",
-            tags={BATCH_TAG: batch_id},
-            site=launcher.site,
+        out.update(
+            _launch(
+                launcher,
+                pending,
+                title=f"batch {name}",
+                tags={BATCH_TAG: batch_id},
+                via=via,
+                api_key=api_key,
+                budget_keys=[batch_budget_key(batch_id)] if budget is not None else [],
+            )
         )
-    if wait and out["backfill_id"]:
+    if wait and "batch_api" in out:
+        out["status"] = _wait(launcher, out, pending, timeout)
+    elif wait and out["backfill_id"]:
         # A backfill found running covers the batch's pending documents as they were then.
         targeted = None if out["already_running"] else pending
         out["status"] = launcher.wait(out["backfill_id"], document_ids, timeout, targeted)
@@ -213,3 +234,106 @@ def batch_summary(launcher: Launcher, batch_id: str) -> dict[str, Any]:
         "spend": launcher.store.spend.total(ids).as_dict(),
         "budget": budget.as_dict() if budget else None,
     }
+
+
+def _launch(
+    launcher: Launcher,
+    document_ids: Sequence[str],
+    *,
+    title: str,
+    tags: Mapping[str, str],
+    via: str,
+    api_key: str | None,
+    budget_keys: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Launch these documents' analysis: a backfill (SYNC), or (BATCH_API) Batch API jobs and
+    a backfill of what cannot go in one. ``backfill_id`` (None: no backfill) and, by batch,
+    ``batch_api``: what was sent (``ai_pipeline.openai_batch.submit``)."""
+    if via not in VIA:
+        raise InputError(f"via {via!r}: one of {', '.join(VIA)}")
+
+    def backfill(ids: Sequence[str], title: str) -> str:
+        return launch_backfill(
+            launcher.instance,
+            launcher.asset_graph,
+            ids,
+            title=title,
+            tags=dict(tags),
+            site=launcher.site,
+        )
+
+    if via == SYNC:
+        return {"backfill_id": backfill(document_ids, title)}
+    if not api_key:
+        raise InputError("the Batch API needs the endpoint's key: OPENAI_API_KEY is not set")
+    settings = launcher.settings
+    jobs = BatchJobs(
+        launcher.store,
+        batch_client(settings, api_key),
+        Prices.of(settings),
+        section_chars=settings.section_chars,
+    )
+    keys = [*budget_keys, *([tags[BUDGET_TAG]] if BUDGET_TAG in tags else [])]
+    sent = submit_to_batch_api(jobs, settings.analysis_model, document_ids, budget_keys=keys)
+    launcher.progress(
+        f"{sent['tasks']} documents sent in {len(sent['jobs'])} Batch API jobs "
+        f"({sent['in_open_jobs']} in open jobs already); its sensor runs them when answered"
+    )
+    rest = [d for d in document_ids if d in set(sent["left_to_sync"])]
+    return {
+        "backfill_id": backfill(rest, f"{title} (not by batch)") if rest else None,
+        "batch_api": sent,
+    }
+
+
+def _wait(
+    launcher: Launcher, out: Mapping[str, Any], document_ids: Sequence[str], timeout: float
+) -> str:
+    """Wait for a launch: its backfill, or (by batch) until its documents settle."""
+    if "batch_api" not in out:
+        return launcher.wait(out["backfill_id"], document_ids, timeout)
+    sent = out["batch_api"]
+    return wait_for_batch_api(
+        launcher, [*sent["documents_in_jobs"], *sent["left_to_sync"]], timeout
+    )
+
+
+# Where a document handed to the Batch API may stand while it waits for its job and its run.
+_UNSETTLED = (State.PENDING, State.QUEUED, State.RUNNING)
+
+
+def wait_for_batch_api(
+    launcher: Launcher, document_ids: Sequence[str], timeout: float, poll: float = 2.0
+) -> str:
+    """Wait until these documents have settled after their Batch API jobs (followed by the
+    daemon's ``openai_batch_sensor``) and the runs it launched: no task of theirs in an open
+    job, none pending, queued or running, and each failed one failed since the wait began.
+    COMPLETED when every one completed, else FAILED; raises TimeoutError."""
+    store = launcher.store
+    since = time.time()
+    tag = store.analysis.tag()
+    tasks = {
+        task_id(d, ANALYSE_STEP, tag, launcher.settings.analysis_model): d for d in document_ids
+    }
+    launcher.progress(
+        f"waiting for {len(document_ids)} documents in the Batch API (the daemon's "
+        "openai_batch_sensor follows their jobs and runs them) …"
+    )
+    while True:
+        waiting = store.openai_batches.open_jobs_of(tasks)
+        rows = store.documents.rows(document_ids)
+        unsettled = [
+            r
+            for r in rows
+            if r.state in _UNSETTLED
+            or (r.state == State.FAILED and r.updated_at.timestamp() < since)
+        ]
+        if not waiting and not unsettled:
+            done = all(r.state == State.COMPLETED for r in rows)
+            return "COMPLETED" if done else "FAILED"
+        if time.time() - since > timeout:
+            raise TimeoutError(
+                f"{len(waiting)} documents still in Batch API jobs and {len(unsettled)} not "
+                f"settled after {timeout:g} s"
+            )
+        time.sleep(poll)

@@ -23,6 +23,7 @@ from ai_pipeline_tests.dagster_procs import DagsterProcess, running, wait_for
 from ai_pipeline_tests.support import (
     TEST_API_KEY,
     TEST_MODEL,
+    launcher,
     make_inbox,
     process_inbox,
     results_store,
@@ -122,6 +123,66 @@ def test_a_synchronous_run_leaves_documents_in_an_open_job_to_it(
     messages = [e.user_message for e in instance.all_logs(run["run_id"])]
     (line,) = [m for m in messages if "waiting in open Batch API jobs" in m]
     assert line.startswith("2 documents") and job.intent_id in line and sent.batch_id in line
+
+
+def run_what_the_sensor_asks(instance: dg.DagsterInstance, ids: list[str]) -> None:
+    """One tick of the sensor must ask for a run of each of ``ids``; those runs are then made
+    here, in this process (as the daemon would)."""
+    result = tick(instance)
+    assert isinstance(result, dg.SensorResult)
+    assert sorted(r.partition_key for r in result.run_requests or []) == sorted(ids)
+    launcher(instance).execute(ids)
+
+
+def test_submit_via_batch_hands_the_pending_documents_to_one_batch_api_job(
+    instance: dg.DagsterInstance,
+    simulator: SimulatorServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``submit --via batch`` launches no backfill but one Batch API job of its pending
+    documents; the sensor's runs complete them with no chat call; submitting again sends
+    nothing."""
+    inbox = make_inbox(tmp_path / "inbox", {f"doc-{i}.txt": sample_text(i) for i in range(3)})
+    code, out = run_cli(capsys, "submit", str(inbox), "--batch", "b", "--via", "batch", "--json")
+    assert code == 0 and out["backfill_id"] is None and instance.get_backfills() == []
+    ids = out["batch_api"]["documents_in_jobs"]
+    assert out["batch_api"]["tasks"] == 3 and len(ids) == 3
+    assert simulator.calls_to("batches.create") == 1 and simulator.stats()["total"] == 0
+
+    run_what_the_sensor_asks(instance, ids)
+
+    assert {d.state for d in results_store().documents.rows(ids)} == {State.COMPLETED}
+    assert simulator.stats()["total"] == 0, "every answer came from the batch"
+    code, again = run_cli(capsys, "submit", str(inbox), "--batch", "b", "--via", "batch", "--json")
+    assert again["pending_at_submit"] == 0 and "batch_api" not in again
+    assert simulator.calls_to("batches.create") == 1
+
+
+def test_backfill_failed_via_batch_sends_the_failed_document_to_the_batch_api(
+    instance: dg.DagsterInstance,
+    simulator: SimulatorServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A document that failed for want of an answer (503s) is sent by ``backfill --failed
+    --via batch`` in a Batch API job rather than a backfill; its run then makes no call."""
+    inbox = make_inbox(tmp_path / "inbox", {f"doc-{i}.txt": sample_text(i) for i in range(2)})
+    ids = launcher(instance).register_inbox(inbox).document_ids
+    simulator.set_faults([{"kind": "status", "status": 503, "match": task_of(ids[0])}])
+    process_inbox(inbox)
+    assert results_store().documents.get(ids[0]).state == State.FAILED  # type: ignore[union-attr]
+    simulator.set_faults([])
+    calls = simulator.stats()["total"]
+
+    code, out = run_cli(capsys, "backfill", "--failed", "--via", "batch", "--json")
+    assert code == 0 and out["backfill_id"] is None and instance.get_backfills() == []
+    assert out["batch_api"]["documents_in_jobs"] == [ids[0]]
+
+    run_what_the_sensor_asks(instance, [ids[0]])
+
+    assert results_store().documents.get(ids[0]).state == State.COMPLETED  # type: ignore[union-attr]
+    assert simulator.stats()["total"] == calls, "its answer came from the batch"
 
 
 BATCH_DEFS = """
