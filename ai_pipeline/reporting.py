@@ -22,6 +22,7 @@ from ai_pipeline.declaration import Declaration
 from ai_pipeline.settings import Settings
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
+from ai_pipeline.store.openai_batches import BatchJob
 from ai_pipeline.store.rows import DocumentRow, ResultRow
 from ai_pipeline.tasks import ANALYSE_STEP, task_suffix
 
@@ -52,6 +53,10 @@ def status_report(
     current = current_task_suffix(analysis=store.analysis)
     headline = store.analysis.summary_field
     rows = [_status_row(d, sources, results.get(d.document_id), current, headline) for d in docs]
+    waiting = store.openai_batches.waiting(ids)
+    for row in rows:
+        job = waiting.get(row["document_id"])
+        row["batch_api"] = batch_api_wait(job) if job is not None else None
     if document_ids is not None:
         by_state = dict(sorted(Counter(r["state"] for r in rows).items()))
         by_category = dict(
@@ -87,7 +92,38 @@ def status_report(
             "by_category": by_category,
             "stale": stale,
         },
+        # Of the documents listed: those waiting for an answer in an open Batch API job.
+        "in_batch_api": len(waiting),
     }
+
+
+def batch_api_wait(job: BatchJob) -> dict[str, Any]:
+    """The open Batch API job a document waits in, as status and trace show it."""
+    return {
+        "intent_id": job.intent_id,
+        "batch_id": job.batch_id,
+        "status": job.status.value,
+        "remote_status": job.remote_status,
+        "request_counts": {
+            "total": job.request_total,
+            "completed": job.request_completed,
+            "failed": job.request_failed,
+        },
+    }
+
+
+def describe_batch_api_wait(wait: dict[str, Any]) -> str:
+    """``waiting in Batch API job I (batch B in_progress, 3/10 done, 1 failed)``."""
+    counts = wait["request_counts"]
+    if wait["batch_id"] is None:
+        where = "not sent yet"
+    else:
+        where = f"batch {wait['batch_id']} {wait['remote_status']}"
+        if counts["total"] is not None:
+            where += f", {counts['completed'] or 0}/{counts['total']} done"
+        if counts["failed"]:
+            where += f", {counts['failed']} failed"
+    return f"waiting in Batch API job {wait['intent_id']} ({where})"
 
 
 def stop_reason(docs: Iterable[DocumentRow]) -> str | None:

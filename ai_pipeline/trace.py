@@ -5,7 +5,8 @@ of the document — its registration and every file name it arrived under, each 
 its outcome, tokens (the cached prompt and reasoning tokens among them) and cost, every
 classified failure (network → protocol → model → business →
 runtime) with its run and attempt, the checkpoints (answers and notices stored), quarantined
-outputs, people's decisions and the messages sent to submitters — and orders it by time. The
+outputs, people's decisions, the messages sent to submitters and its lines in OpenAI Batch API
+jobs (with the open job it waits in, if any) — and orders it by time. The
 command line adds what Dagster holds (each run's status and the per-document check results).
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ai_pipeline.errors import InputError
+from ai_pipeline.reporting import batch_api_wait
 from ai_pipeline.store import Store
 from ai_pipeline.store.rows import aware
 from ai_pipeline.store.tables import checkpoints, document_sources
@@ -107,6 +109,27 @@ def trace(store: Store, any_id: str) -> dict[str, Any]:
     for m in store.reviews.messages(document_id):
         events.append(_event(m.at, "message", f"to the submitter: {m.message_en}"))
 
+    lines = store.openai_batches.lines_of_documents([document_id])
+    jobs = {i: store.openai_batches.get(i) for i in {line.intent_id for line in lines}}
+    for line in lines:
+        job = jobs[line.intent_id]
+        if job is None:
+            continue
+        why = f" {line.category.value if line.category else ''}: {line.error}" if line.error else ""
+        events.append(
+            _event(
+                job.submitted_at or job.created_at,
+                "batch_line",
+                f"a line of Batch API job {job.intent_id} (batch {job.batch_id or 'not sent yet'}, "
+                f"{job.status.value}): {line.state.value}{why}",
+                task_id=line.task_id,
+                intent_id=job.intent_id,
+                batch_id=job.batch_id,
+                line_state=line.state.value,
+            )
+        )
+    waiting = store.openai_batches.waiting([document_id]).get(document_id)
+
     events.sort(key=lambda e: e["at"])
     spent = store.spend.total([document_id])
     return {
@@ -120,6 +143,8 @@ def trace(store: Store, any_id: str) -> dict[str, Any]:
         "task_id": doc.task_id,
         "attempts": doc.attempts,
         "spend": spent.as_dict(),
+        # The open Batch API job the document waits in (None: none).
+        "batch_api": batch_api_wait(waiting) if waiting is not None else None,
         "runs": _unique(e.get("run_id") for e in events),
         "events": events,
     }

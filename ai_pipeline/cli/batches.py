@@ -103,6 +103,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
+    from ai_pipeline.reporting import describe_batch_api_wait
+
     story = launcher(args).trace(args.id)
     if args.json:
         print_json(story)
@@ -113,6 +115,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
         + (f" {story['category']}" if story["category"] else "")
         + f"  ({', '.join(story['sources'])})"
     )
+    if story.get("batch_api"):
+        print(describe_batch_api_wait(story["batch_api"]))
     print(
         f"spent {spend['prompt_tokens'] + spend['completion_tokens']} tokens "
         f"({spend['cached_tokens']} cached prompt, {spend['reasoning_tokens']} reasoning) over "

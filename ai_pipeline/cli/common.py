@@ -270,6 +270,8 @@ def print_json(data: Any) -> None:
 
 
 def print_table(report: dict[str, Any]) -> None:
+    from ai_pipeline.reporting import describe_batch_api_wait
+
     print(f"{'DOCUMENT':<20}  {'STATE':<11}  {'CATEGORY':<19}  {'SOURCE':<36}  SUMMARY / ERROR")
     for r in report["documents"]:
         detail = r["summary"] if r["state"] == State.COMPLETED.value else r["error"]
@@ -290,11 +292,14 @@ def print_table(report: dict[str, Any]) -> None:
             "(ai-pipeline backfill --stale makes them again)"
         )
     elsewhere = {d["document_id"]: d["run_id"] for d in report.get("in_progress_elsewhere", [])}
+    in_batch_api = [r for r in report["documents"] if r.get("batch_api")]
     settled = (State.COMPLETED.value, State.PENDING.value)
     failed = [
         r
         for r in report["documents"]
-        if r["state"] not in settled and r["document_id"] not in elsewhere
+        if r["state"] not in settled
+        and r["document_id"] not in elsewhere
+        and not r.get("batch_api")
     ]
     if failed:
         print("\nwhy:")
@@ -302,6 +307,10 @@ def print_table(report: dict[str, Any]) -> None:
             print(f"  {r['document_id']}  {r['state']} {r['category'] or ''}: {r['error'] or ''}")
             if r["status_message"]:
                 print(f"      rejected: {r['status_message']}")
+    if in_batch_api:
+        print(f"\nin the Batch API ({len(in_batch_api)}; run when their jobs are answered):")
+        for r in in_batch_api:
+            print(f"  {r['document_id']}  {r['state']}, {describe_batch_api_wait(r['batch_api'])}")
     if elsewhere:
         print(f"\nin progress in other runs ({len(elsewhere)}; left to them, not failed):")
         for document_id, run_id in elsewhere.items():

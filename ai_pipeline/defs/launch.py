@@ -377,8 +377,13 @@ class Launcher:
         document_id = story["document_id"]
         events = story["events"]
         runs = []
-        records = self.instance.get_run_records(dg.RunsFilter(run_ids=story["runs"]))
-        for record in records if story["runs"] else []:
+        # Dagster refuses a filter on an empty list of runs (a document never run yet).
+        records = (
+            self.instance.get_run_records(dg.RunsFilter(run_ids=story["runs"]))
+            if story["runs"]
+            else []
+        )
+        for record in records:
             run = record.dagster_run
             runs.append({"run_id": run.run_id, "status": run.status.value})
             for at, what in ((record.start_time, "started"), (record.end_time, "ended")):

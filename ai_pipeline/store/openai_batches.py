@@ -303,6 +303,24 @@ class OpenAIBatches:
         query = sa.select(openai_batch_lines)
         return [_line(r) for r in self.db.select_in(query, openai_batch_lines.c.task_id, task_ids)]
 
+    def lines_of_documents(self, document_ids: Iterable[str]) -> list[BatchLine]:
+        """Every line these documents had, in any job."""
+        query = sa.select(openai_batch_lines)
+        rows = self.db.select_in(query, openai_batch_lines.c.document_id, document_ids)
+        return [_line(r) for r in rows]
+
+    def waiting(self, document_ids: Iterable[str]) -> dict[str, BatchJob]:
+        """The open job each of these documents waits in (a line of it not yet settled)."""
+        lines = [
+            line
+            for line in self.lines_of_documents(document_ids)
+            if line.state == LineState.PENDING
+        ]
+        query = sa.select(openai_batches)
+        rows = self.db.select_in(query, openai_batches.c.intent_id, {x.intent_id for x in lines})
+        jobs = {job.intent_id: job for job in map(_job, rows) if not job.status.finished}
+        return {x.document_id: jobs[x.intent_id] for x in lines if x.intent_id in jobs}
+
     # -- following the job -------------------------------------------------------------------
 
     def _update(

@@ -23,6 +23,7 @@ from ai_pipeline_tests.dagster_procs import DagsterProcess, running, wait_for
 from ai_pipeline_tests.support import (
     TEST_API_KEY,
     TEST_MODEL,
+    cli,
     launcher,
     make_inbox,
     process_inbox,
@@ -123,6 +124,47 @@ def test_a_synchronous_run_leaves_documents_in_an_open_job_to_it(
     messages = [e.user_message for e in instance.all_logs(run["run_id"])]
     (line,) = [m for m in messages if "waiting in open Batch API jobs" in m]
     assert line.startswith("2 documents") and job.intent_id in line and sent.batch_id in line
+
+
+def test_status_and_trace_say_which_batch_api_job_a_document_waits_in(
+    instance: dg.DagsterInstance,
+    simulator: SimulatorServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A document in a Batch API job not yet answered: status and trace name the job, its batch
+    id, remote status and request counts, in JSON and in text; the other document has none."""
+    simulator.set_batch_timing(seconds=3600)
+    inbox = make_inbox(tmp_path / "inbox", {f"doc-{i}.txt": sample_text(i) for i in range(2)})
+    ids = launcher(instance).register_inbox(inbox).document_ids
+    store = results_store()
+    (job,) = plan(store, ids[:1], TEST_MODEL).jobs
+    settings = Settings.load()
+    runner = BatchJobs(store, batch_client(settings, TEST_API_KEY), Prices.of(settings))
+    runner.tick()  # uploaded and created
+    runner.tick()  # polled: not done yet
+    sent = store.openai_batches.get(job.intent_id)
+    assert sent is not None and sent.batch_id and sent.request_total == 1
+
+    code, status = run_cli(capsys, "status", "--json")
+    waits = {d["document_id"]: d["batch_api"] for d in status["documents"]}
+    assert waits[ids[1]] is None and status["in_batch_api"] == 1
+    assert waits[ids[0]]["batch_id"] == sent.batch_id
+    assert waits[ids[0]]["remote_status"] == sent.remote_status != "completed"
+    assert waits[ids[0]]["request_counts"] == {"total": 1, "completed": 0, "failed": 0}
+    code, story = run_cli(capsys, "trace", ids[0], "--json")
+    assert story["batch_api"]["intent_id"] == job.intent_id
+    (line,) = [e for e in story["events"] if e["kind"] == "batch_line"]
+    assert line["batch_id"] == sent.batch_id and line["line_state"] == "pending"
+
+    assert cli("status") == 0
+    text = capsys.readouterr().out
+    assert (
+        f"waiting in Batch API job {job.intent_id} (batch {sent.batch_id} {sent.remote_status}"
+        in text
+    )
+    assert cli("trace", ids[0]) == 0
+    assert "0/1 done" in capsys.readouterr().out
 
 
 def run_what_the_sensor_asks(instance: dg.DagsterInstance, ids: list[str]) -> None:
