@@ -3,7 +3,8 @@ reads the pipeline's environment variables.
 
 Read when a run, a sensor tick or a CLI command starts — never at import time — so a changed
 environment takes effect without reloading the code location; the three that shape definitions
-(the sensor's interval, the nightly cron and its timezone) are read when the code location loads.
+(the sensor's interval, the nightly cron, its timezone and its path) are read when the code
+location loads.
 A value set in Dagster config on a resource wins over the environment. ``OPENAI_API_KEY`` is not
 here: it is a secret and goes to the LLM resource through ``dg.EnvVar`` only.
 """
@@ -137,6 +138,12 @@ SETTINGS: dict[str, Setting] = {
         "AI_PIPELINE_NIGHTLY_CRON", "0 2 * * *", "the nightly retry schedule (at load)"
     ),
     "timezone": Setting("AI_PIPELINE_TIMEZONE", "UTC", "the nightly schedule's timezone (at load)"),
+    "nightly_via": Setting(
+        "AI_PIPELINE_NIGHTLY_VIA",
+        "sync",
+        "how the nightly schedule retries: sync (a backfill) or batch (OpenAI's Batch API at "
+        "half the price; the daemon's openai_batch_sensor runs the answers) (at load)",
+    ),
     "section_chars": Setting(
         "AI_PIPELINE_SECTION_CHARS",
         6000,
@@ -208,6 +215,7 @@ class Settings:
     backfill_run_size: int | None
     nightly_cron: str
     timezone: str
+    nightly_via: str
     section_chars: int
     prices_file: str | None
     run_budget_usd: float | None
@@ -251,6 +259,10 @@ class Settings:
             self.declaration  # noqa: B018 - resolved now: a wrong name stops here, once
         except DeclarationError as e:
             raise SettingsError(f"AI_PIPELINE_ANALYSIS: {e}") from None
+        if self.nightly_via not in ("sync", "batch"):
+            raise SettingsError(
+                f"AI_PIPELINE_NIGHTLY_VIA must be sync or batch, not {self.nightly_via!r}"
+            )
         for name in _AT_LEAST_ONE:
             value = getattr(self, name)
             if value is not None and value < 1:

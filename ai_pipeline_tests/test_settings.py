@@ -49,6 +49,7 @@ def test_defaults_without_environment(monkeypatch: pytest.MonkeyPatch, tmp_path:
         backfill_run_size=None,
         nightly_cron="0 2 * * *",
         timezone="UTC",
+        nightly_via="sync",
         section_chars=6000,
         prices_file=None,
         run_budget_usd=None,

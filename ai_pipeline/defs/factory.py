@@ -37,6 +37,8 @@ class AtLoad:
     backfill_run_size: int | None
     nightly_cron: str
     timezone: str
+    # How the nightly schedule retries: "sync" (a backfill) or "batch" (the Batch API).
+    nightly_via: str = "sync"
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AtLoad:
@@ -45,6 +47,7 @@ class AtLoad:
             backfill_run_size=settings.backfill_run_size,
             nightly_cron=settings.nightly_cron,
             timezone=settings.timezone,
+            nightly_via=settings.nightly_via,
         )
 
 
@@ -61,7 +64,11 @@ def site_definitions(site: Site, at_load: AtLoad) -> dg.Definitions:
             *build_sensors(site, at_load.sensor_interval_seconds),
             build_openai_batch_sensor(site),
         ],
-        schedules=[build_nightly_retry_schedule(at_load.nightly_cron, at_load.timezone, site)],
+        schedules=[
+            build_nightly_retry_schedule(
+                at_load.nightly_cron, at_load.timezone, site, via=at_load.nightly_via
+            )
+        ],
         resources={
             site.name("results_store"): store,
             site.name("results_io_manager"): ResultsIOManager(results_store=store),

@@ -95,19 +95,7 @@ def openai_batch_tick(
     if not store.openai_batches.unfinished():
         return dg.SkipReason("no open Batch API job")
     pipeline = settings.resolve()
-    config = Settings.load(
-        base_url=llm.base_url,
-        analysis=llm.analysis,
-        llm_timeout_seconds=llm.timeout_seconds,
-        api_key_file=llm.api_key_file,
-        api_key_command=llm.api_key_command,
-    )
-    jobs = BatchJobs(
-        store,
-        batch_client(config, llm.api_key),
-        Prices.of(config),
-        section_chars=config.section_chars,
-    )
+    jobs, config = batch_jobs(store, llm)
     progress = jobs.tick(max_jobs=max_jobs)
     for job in progress.finished:
         context.log.info(
@@ -141,6 +129,24 @@ def openai_batch_tick(
             f"{len(progress.advanced)} Batch API jobs followed; no document to run yet"
         )
     return _runs_for(context, site, store, launch, pipeline.documents_per_run)
+
+
+def batch_jobs(store: Store, llm: LLMResource) -> tuple[BatchJobs, Settings]:
+    """The Batch API jobs of ``store`` against the endpoint of ``llm``, and its settings."""
+    config = Settings.load(
+        base_url=llm.base_url,
+        analysis=llm.analysis,
+        llm_timeout_seconds=llm.timeout_seconds,
+        api_key_file=llm.api_key_file,
+        api_key_command=llm.api_key_command,
+    )
+    jobs = BatchJobs(
+        store,
+        batch_client(config, llm.api_key),
+        Prices.of(config),
+        section_chars=config.section_chars,
+    )
+    return jobs, config
 
 
 def _runs_for(

@@ -5,6 +5,7 @@ failed lines into a new job."""
 from __future__ import annotations
 
 import os
+from datetime import datetime, timezone
 from pathlib import Path
 
 import dagster as dg
@@ -12,6 +13,7 @@ import pytest
 
 from ai_pipeline.defs.openai_batches import build_openai_batch_sensor
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
+from ai_pipeline.defs.schedules import build_nightly_retry_schedule
 from ai_pipeline.intake import register_files
 from ai_pipeline.openai_batch import BatchJobs, batch_client, plan
 from ai_pipeline.rehearsal.simulator import SimulatorServer
@@ -225,6 +227,41 @@ def test_backfill_failed_via_batch_sends_the_failed_document_to_the_batch_api(
 
     assert results_store().documents.get(ids[0]).state == State.COMPLETED  # type: ignore[union-attr]
     assert simulator.stats()["total"] == calls, "its answer came from the batch"
+
+
+def test_the_nightly_schedule_via_batch_sends_the_retries_to_the_batch_api(
+    instance: dg.DagsterInstance, simulator: SimulatorServer, tmp_path: Path
+) -> None:
+    """Built with ``via="batch"`` (AI_PIPELINE_NIGHTLY_VIA), the nightly tick puts the
+    retryable failure in a Batch API job, launches no backfill and asks for the report; the
+    same night evaluated again sends nothing more."""
+    from ai_pipeline.definitions import defs
+
+    simulator.set_batch_timing(seconds=3600)
+    inbox = make_inbox(tmp_path / "inbox", {f"doc-{i}.txt": sample_text(i) for i in range(2)})
+    ids = launcher(instance).register_inbox(inbox).document_ids
+    simulator.set_faults([{"kind": "status", "status": 503, "match": task_of(ids[0])}])
+    process_inbox(inbox)
+    simulator.set_faults([])
+    schedule = build_nightly_retry_schedule("0 2 * * *", "UTC", via="batch")
+
+    def night() -> dg.RunRequest | dg.SkipReason:
+        context = dg.build_schedule_context(
+            instance=instance,
+            scheduled_execution_time=datetime(2026, 3, 14, 2, 0, tzinfo=timezone.utc),
+            resources={"results_store": ResultsStore(), "llm": LLMResource(api_key=TEST_API_KEY)},
+            repository_def=defs.get_repository_def(),
+        )
+        return schedule(context)  # type: ignore[no-any-return]
+
+    first = night()
+    assert isinstance(first, dg.RunRequest) and first.run_key == "report-2026-03-14"
+    assert instance.get_backfills() == []
+    (job,) = results_store().openai_batches.unfinished()
+    assert job.batch_id and job.task_count == 1
+    assert results_store().openai_batches.waiting(ids) == {ids[0]: job}
+    assert isinstance(night(), dg.RunRequest)
+    assert simulator.calls_to("batches.create") == 1, "the tick again sent nothing more"
 
 
 BATCH_DEFS = """
