@@ -707,6 +707,7 @@ class BatchJobs:
             cost_usd=self.prices.batch_cost(reply.model, prompt, completion_tokens, cached or 0),
             cached_tokens=cached,
             reasoning_tokens=reasoning,
+            via="batch",
         )
 
 

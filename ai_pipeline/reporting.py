@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ai_pipeline.declaration import Declaration
 from ai_pipeline.settings import Settings
+from ai_pipeline.spend import Prices
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline.store.openai_batches import BatchJob
@@ -236,7 +237,7 @@ def build_report(
         "results_rows": len(results),
         "tokens": {"prompt": prompt_tokens, "completion": completion_tokens},
         "estimated_cost_usd": round(cost, 6),
-        "spend": spend_report(store),
+        "spend": spend_report(store, prices=Prices.of(settings)),
         "stale": store.results.count_stale(current_task_suffix(settings, store.analysis)),
         "failed_documents": [
             {
@@ -253,12 +254,14 @@ def build_report(
     }
 
 
-def spend_report(store: Store, batches: int = 20) -> dict[str, Any]:
+def spend_report(
+    store: Store, batches: int = 20, *, prices: Prices | None = None
+) -> dict[str, Any]:
     """What every LLM attempt cost (failed and repeated ones included, from the usage of each
     reply, as billed: the cached prompt tokens and the reasoning tokens among its tokens): in all,
-    by the failure category of the documents not completed, the re-analyses, and per batch (the
-    newest ``batches``)."""
-    return {
+    by the failure category of the documents not completed, the re-analyses, per batch (the
+    newest ``batches``), and (with ``prices``) what the Batch API lines saved."""
+    out = {
         "total": store.spend.total().as_dict(),
         "failures_by_category": {
             k: v.as_dict() for k, v in sorted(store.spend.by_category().items())
@@ -272,6 +275,27 @@ def spend_report(store: Store, batches: int = 20) -> dict[str, Any]:
             }
             for b in store.batches.newest(batches)
         },
+    }
+    if prices is not None:
+        out["batch_api"] = batch_api_savings(store, prices)
+    return out
+
+
+def batch_api_savings(store: Store, prices: Prices) -> dict[str, Any]:
+    """The Batch API lines' spend, what the same tokens cost by synchronous calls, and the
+    difference (the price table's prices; cached prompt tokens as billed)."""
+    by_model = store.spend.by_batch_api()
+    spent = sum(t.cost_usd for t in by_model.values())
+    sync = sum(
+        prices.cost(m, t.prompt_tokens, t.completion_tokens, t.cached_tokens)
+        for m, t in by_model.items()
+    )
+    return {
+        "lines": sum(t.attempts for t in by_model.values()),
+        "tokens": sum(t.prompt_tokens + t.completion_tokens for t in by_model.values()),
+        "cost_usd": round(spent, 6),
+        "at_sync_price_usd": round(sync, 6),
+        "saved_usd": round(sync - spent, 6),
     }
 
 
@@ -306,6 +330,14 @@ def to_markdown(report: dict[str, Any]) -> str:
             f"reasoning); re-analyses ${spend['reanalyses']['cost_usd']:.4f}"
         )
         lines.append("")
+        batch_api = spend.get("batch_api")
+        if batch_api and batch_api["lines"]:
+            lines.append(
+                f"**Batch API** {batch_api['lines']} lines, ${batch_api['cost_usd']:.4f} "
+                f"(${batch_api['at_sync_price_usd']:.4f} by synchronous calls): "
+                f"saved ${batch_api['saved_usd']:.4f}"
+            )
+            lines.append("")
         lines.append("| failure category | attempts | tokens | cost (USD) |\n|---|---|---|---|")
         for category, t in spend["failures_by_category"].items():
             tokens = t["prompt_tokens"] + t["completion_tokens"]

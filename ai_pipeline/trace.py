@@ -59,7 +59,7 @@ def trace(store: Store, any_id: str) -> dict[str, Any]:
                 _aware(a["created_at"]),
                 "llm_attempt",
                 f"{a['outcome']}: {tokens} tokens ({_billed(a)}), ${a['cost_usd']:.6f}, "
-                f"{a['model']}",
+                f"{a['model']}" + (" (a Batch API line)" if a.get("via") == "batch" else ""),
                 task_id=a["task_id"],
                 run_id=a["run_id"],
                 outcome=a["outcome"],
@@ -69,6 +69,7 @@ def trace(store: Store, any_id: str) -> dict[str, Any]:
                 cached_tokens=a["cached_tokens"],
                 reasoning_tokens=a["reasoning_tokens"],
                 cost_usd=round(a["cost_usd"], 8),
+                via=a.get("via", "sync"),
             )
         )
     for f in store.events.failures(document_id):

@@ -29,7 +29,8 @@ from ai_pipeline.openai_batch import (
     split,
 )
 from ai_pipeline.rehearsal.simulator import SimulatorServer
-from ai_pipeline.spend import Price, Prices, estimate_prompt_tokens
+from ai_pipeline.reporting import spend_report
+from ai_pipeline.spend import Meter, Price, Prices, estimate_prompt_tokens
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline.store.openai_batches import JobStatus, LineState, PlannedTask
@@ -124,6 +125,35 @@ def test_a_batch_answers_every_task_and_the_run_after_it_makes_no_call(
     assert {store.documents.get(d).state for d in ids} == {State.COMPLETED}  # type: ignore[union-attr]
     assert simulator.stats()["total"] == 0, "every answer came from the batch's checkpoints"
     assert len(store.results.get(ids)) == 5
+
+
+def test_usage_rows_say_they_came_from_a_batch_and_the_report_says_what_it_saved(
+    store: Store, simulator: SimulatorServer
+) -> None:
+    """Each answered line's usage row is ``via`` batch, a synchronous call's ``via`` sync; the
+    spend report prices the batch lines both ways: half of the synchronous price was saved."""
+    first, second = register(store, 2)
+    plan(store, [first], TEST_MODEL)
+    drain(jobs(store, simulator))
+    fake = FakeTime()
+    client = LLMClient(
+        base_url=simulator.base_url,
+        api_key=TEST_API_KEY,
+        model=TEST_MODEL,
+        sleep=fake.sleep,
+        clock=fake.clock,
+        meter=Meter(store, PRICES, run_id="run-1"),
+    )
+    a = Analyser(store, client, store.results, log=RecordingLog(), run_id="run-1")
+    dict(run_batch(a, [second]))
+
+    vias = {row["document_id"]: row["via"] for row in store.spend.attempts([first, second])}
+    assert vias == {first: "batch", second: "sync"}
+    saved = spend_report(store, prices=PRICES)["batch_api"]
+    (line,) = store.spend.by_batch_api().values()
+    full = PRICES.cost(TEST_MODEL, line.prompt_tokens, line.completion_tokens)
+    assert saved["lines"] == 1 and saved["at_sync_price_usd"] == pytest.approx(full, abs=1e-6)
+    assert saved["saved_usd"] == pytest.approx(full / 2, abs=1e-6) and saved["saved_usd"] > 0
 
 
 def test_a_line_is_answered_and_stored_as_the_synchronous_call_would_be(

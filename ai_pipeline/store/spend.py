@@ -47,6 +47,8 @@ class Usage:
     run_id: str | None = None
     cached_tokens: int | None = None
     reasoning_tokens: int | None = None
+    # "sync" (a call) or "batch" (a Batch API line, at the batch price).
+    via: str = "sync"
 
     @property
     def tokens(self) -> int:
@@ -154,6 +156,7 @@ def record_usage(
             cached_tokens=usage.cached_tokens,
             reasoning_tokens=usage.reasoning_tokens,
             cost_usd=usage.cost_usd,
+            via=usage.via,
             created_at=now,
         )
     )
@@ -317,6 +320,15 @@ class Spend:
             sum(t.cached_tokens for t in per),
             sum(t.reasoning_tokens for t in per),
         )
+
+    def by_batch_api(self) -> dict[str, Totals]:
+        """The spend of Batch API lines, by model: what its price is to be compared with."""
+        query = (
+            sa.select(llm_usage.c.model, *_SUMS)
+            .where(llm_usage.c.via == "batch")
+            .group_by(llm_usage.c.model)
+        )
+        return {r[0]: _totals(r[1:]) for r in self.db.rows(query)}
 
     def by_category(self) -> dict[str, Totals]:
         """The spend on documents that are not completed, by their failure category: what the

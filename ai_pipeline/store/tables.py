@@ -293,6 +293,9 @@ llm_usage = sa.Table(
     # the endpoint did not say (or the row predates these columns).
     sa.Column("cached_tokens", sa.Integer, nullable=True),
     sa.Column("reasoning_tokens", sa.Integer, nullable=True),
+    # How the request went: "sync" (a call) or "batch" (a line of an OpenAI Batch API job,
+    # billed at the batch price). Rows from before the column say "sync".
+    sa.Column("via", sa.String(8), nullable=False, server_default="sync"),
 )
 
 # Spending limits shared by every run that names them (``batch:<id>``, ``run:<id>``,
