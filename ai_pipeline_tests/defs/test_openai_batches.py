@@ -5,13 +5,17 @@ failed lines into a new job."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
 
 from ai_pipeline.defs.openai_batches import build_openai_batch_sensor
+from ai_pipeline.defs.relaunch import BATCH_API, submit_batch
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.defs.schedules import build_nightly_retry_schedule
 from ai_pipeline.intake import register_files
@@ -201,6 +205,37 @@ def test_submit_via_batch_hands_the_pending_documents_to_one_batch_api_job(
     code, again = run_cli(capsys, "submit", str(inbox), "--batch", "b", "--via", "batch", "--json")
     assert again["pending_at_submit"] == 0 and "batch_api" not in again
     assert simulator.calls_to("batches.create") == 1
+
+
+def test_submit_via_batch_waits_until_the_sensor_runs_have_settled_its_documents(
+    instance: dg.DagsterInstance, simulator: SimulatorServer, tmp_path: Path
+) -> None:
+    """``submit --via batch --wait`` returns COMPLETED only once the runs the sensor asked for
+    have completed every document, not when the job is sent."""
+    inbox = make_inbox(tmp_path / "inbox", {f"doc-{i}.txt": sample_text(i) for i in range(2)})
+    found: dict[str, Any] = {}
+
+    def submit() -> None:
+        found["out"] = submit_batch(
+            launcher(instance), inbox, "b", via=BATCH_API, api_key=TEST_API_KEY, wait=True
+        )
+
+    waiting = threading.Thread(target=submit)
+    waiting.start()
+    store = results_store()
+    deadline = time.monotonic() + 30
+    while not [j for j in store.openai_batches.unfinished() if j.batch_id]:
+        assert time.monotonic() < deadline, "no job sent"
+        time.sleep(0.2)
+    time.sleep(3)
+    assert waiting.is_alive() and "out" not in found, "returned before the documents settled"
+
+    found_ids = sorted(d.document_id for d in store.documents.rows())
+    run_what_the_sensor_asks(instance, found_ids)
+    waiting.join(60)
+
+    assert found["out"]["status"] == "COMPLETED" and found["out"]["succeeded"] == len(found_ids)
+    assert simulator.stats()["total"] == 0
 
 
 def test_backfill_failed_via_batch_sends_the_failed_document_to_the_batch_api(
