@@ -32,6 +32,7 @@ from ai_pipeline.defs.dagster_private import (
 )
 from ai_pipeline.defs.io_managers import ResultsIOManager
 from ai_pipeline.defs.logs import run_log
+from ai_pipeline.defs.openai_batches import VIA_TAG, batch_jobs
 from ai_pipeline.defs.partitions import NAMED_DOCUMENTS, named_by
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.defs.runs import run_is_over
@@ -39,6 +40,7 @@ from ai_pipeline.defs.site import ANALYSIS_TAG, DEFAULT_SITE, Site
 from ai_pipeline.engine import STAGES, Analyser, StageDeferred, StageDone, StageFailed
 from ai_pipeline.intake import BATCH_TAG
 from ai_pipeline.notify import Notifier
+from ai_pipeline.openai_batch import submit as submit_to_batch_api
 from ai_pipeline.reporting import build_report, chart_png, to_markdown
 from ai_pipeline.spend import Meter, Prices, run_budgets
 from ai_pipeline.store import Store
@@ -179,6 +181,19 @@ def _analyse(
         # is answered; a call now would pay for them twice.
         document_ids = [d for d in document_ids if d not in in_batch_api]
         context.log.warning(_batch_api_line(store, in_batch_api))
+    if context.run.tags.get(VIA_TAG) == "batch":
+        # Launched to go by the Batch API (a tag on a UI backfill): the requests go in jobs and
+        # the sensor runs their documents when answered; only what cannot go in one is analysed
+        # here.
+        jobs, batch_config = batch_jobs(store, llm)
+        sent = submit_to_batch_api(jobs, batch_config.analysis_model, document_ids)
+        context.log.info(
+            f"{sent['tasks']} documents sent in {len(sent['jobs'])} Batch API jobs "
+            f"({', '.join(j['batch_id'] or j['intent_id'] for j in sent['jobs']) or 'none'}); "
+            f"{sent['in_open_jobs']} in open jobs already; its sensor runs them when answered"
+        )
+        left = set(sent["left_to_sync"])
+        document_ids = [d for d in document_ids if d in left]
     context.log.info(
         f"analysing {len(document_ids)} documents with {analyser.llm.model} "
         f"({analyser.analysis.name} {analyser.analysis.tag()})"

@@ -35,6 +35,9 @@ from ai_pipeline.spend import Prices
 from ai_pipeline.store import Store
 from ai_pipeline.tasks import document_of
 
+# A run (or a backfill launched from the UI) tagged ``ai_pipeline/via: batch`` sends its
+# documents' requests as Batch API jobs rather than calling (``ai_pipeline.defs.assets``).
+VIA_TAG = "ai_pipeline/via"
 DEFAULT_INTERVAL_SECONDS = 120
 DEFAULT_MAX_JOBS = 20
 RUN_KEY_PREFIX = "openai-batch"

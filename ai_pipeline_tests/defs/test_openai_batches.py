@@ -14,7 +14,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from ai_pipeline.defs.openai_batches import build_openai_batch_sensor
+from ai_pipeline.defs.jobs import range_tags
+from ai_pipeline.defs.openai_batches import VIA_TAG, build_openai_batch_sensor
 from ai_pipeline.defs.relaunch import BATCH_API, submit_batch
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.defs.schedules import build_nightly_retry_schedule
@@ -235,6 +236,28 @@ def test_submit_via_batch_waits_until_the_sensor_runs_have_settled_its_documents
     waiting.join(60)
 
     assert found["out"]["status"] == "COMPLETED" and found["out"]["succeeded"] == len(found_ids)
+    assert simulator.stats()["total"] == 0
+
+
+def test_a_run_tagged_via_batch_sends_its_documents_to_the_batch_api(
+    instance: dg.DagsterInstance, simulator: SimulatorServer, tmp_path: Path
+) -> None:
+    """A run tagged ``ai_pipeline/via: batch`` (as a UI backfill can be) makes no call: its
+    documents go in one Batch API job, and the sensor's runs then complete them."""
+    from ai_pipeline.definitions import defs
+
+    inbox = make_inbox(tmp_path / "inbox", {f"doc-{i}.txt": sample_text(i) for i in range(2)})
+    ids = launcher(instance).register_inbox(inbox).document_ids
+    job = defs.resolve_job_def("analyse_documents_job")
+    result = job.execute_in_process(
+        instance=instance, tags={**range_tags(ids), VIA_TAG: "batch"}, raise_on_error=False
+    )
+
+    assert result.success and simulator.stats()["total"] == 0
+    assert simulator.calls_to("batches.create") == 1
+    assert set(results_store().openai_batches.waiting(ids)) == set(ids)
+    run_what_the_sensor_asks(instance, ids)
+    assert {d.state for d in results_store().documents.rows(ids)} == {State.COMPLETED}
     assert simulator.stats()["total"] == 0
 
 
