@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -274,12 +274,14 @@ def _launch(
         section_chars=settings.section_chars,
     )
     keys = [*budget_keys, *([tags[BUDGET_TAG]] if BUDGET_TAG in tags else [])]
+    sent_at = datetime.now(timezone.utc)
     sent = submit_to_batch_api(jobs, settings.analysis_model, document_ids, budget_keys=keys)
     launcher.progress(
         f"{sent['tasks']} documents sent in {len(sent['jobs'])} Batch API jobs "
         f"({sent['in_open_jobs']} in open jobs already); its sensor runs them when answered"
     )
     rest = [d for d in document_ids if d in set(sent["left_to_sync"])]
+    sent["sent_at"] = sent_at.isoformat()
     return {
         "backfill_id": backfill(rest, f"{title} (not by batch)") if rest else None,
         "batch_api": sent,
@@ -293,9 +295,9 @@ def _wait(
     if "batch_api" not in out:
         return launcher.wait(out["backfill_id"], document_ids, timeout)
     sent = out["batch_api"]
-    return wait_for_batch_api(
-        launcher, [*sent["documents_in_jobs"], *sent["left_to_sync"]], timeout
-    )
+    since = datetime.fromisoformat(sent["sent_at"]).timestamp()
+    documents = [*sent["documents_in_jobs"], *sent["left_to_sync"]]
+    return wait_for_batch_api(launcher, documents, timeout, since=since)
 
 
 # Where a document handed to the Batch API may stand while it waits for its job and its run.
@@ -303,15 +305,23 @@ _UNSETTLED = (State.PENDING, State.QUEUED, State.RUNNING)
 
 
 def wait_for_batch_api(
-    launcher: Launcher, document_ids: Sequence[str], timeout: float, poll: float = 2.0
+    launcher: Launcher,
+    document_ids: Sequence[str],
+    timeout: float,
+    *,
+    since: float,
+    poll: float = 2.0,
 ) -> str:
     """Wait until these documents have settled after their Batch API jobs (followed by the
     daemon's ``openai_batch_sensor``) and the runs it launched: no task of theirs in an open
-    job, none pending, queued or running, and each failed one failed since the wait began.
-    COMPLETED when every one completed, else FAILED; raises TimeoutError."""
+    job, none pending, queued or running, each completed one with a result of the current
+    analysis, and each other one changed since ``since`` (when they were sent: a failed one is
+    not settled by what it was before). COMPLETED when every one
+    completed, else FAILED; raises TimeoutError."""
     store = launcher.store
-    since = time.time()
+    started = time.time()
     tag = store.analysis.tag()
+    suffix = current_task_suffix(launcher.settings, store.analysis)
     tasks = {
         task_id(d, ANALYSE_STEP, tag, launcher.settings.analysis_model): d for d in document_ids
     }
@@ -322,16 +332,22 @@ def wait_for_batch_api(
     while True:
         waiting = store.openai_batches.open_jobs_of(tasks)
         rows = store.documents.rows(document_ids)
+        current = {
+            r.document_id
+            for r in store.results.get(document_ids)
+            if r.task_id == r.document_id + suffix
+        }
         unsettled = [
             r
             for r in rows
             if r.state in _UNSETTLED
-            or (r.state == State.FAILED and r.updated_at.timestamp() < since)
+            or (r.state == State.COMPLETED and r.document_id not in current)
+            or (r.state != State.COMPLETED and r.updated_at.timestamp() < since)
         ]
         if not waiting and not unsettled:
             done = all(r.state == State.COMPLETED for r in rows)
             return "COMPLETED" if done else "FAILED"
-        if time.time() - since > timeout:
+        if time.time() - started > timeout:
             raise TimeoutError(
                 f"{len(waiting)} documents still in Batch API jobs and {len(unsettled)} not "
                 f"settled after {timeout:g} s"
