@@ -15,10 +15,11 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ai_pipeline.engine import STAGES, Analyser, Event, StageFailed
+from ai_pipeline.engine import Analyser
 from ai_pipeline.failures import Category
 from ai_pipeline.llm import RunStopped
 from ai_pipeline.redaction import redact
+from ai_pipeline.stages import Event, Stage, StageFailed
 from ai_pipeline.tasks import document_of
 from ai_pipeline.window import DocumentWindow
 
@@ -70,7 +71,9 @@ def run_batch(
             return  # its paid answer checkpointed after the batch was closed: nobody listens
         except Exception as e:  # a bug must fail this document, not the batch
             message = redact(f"{type(e).__name__}: {e}")[:500]
-            events = [StageFailed(document_id, STAGES[0], Category.INTERNAL_ERROR, message)]
+            events = [
+                StageFailed(document_id, Stage.DOCUMENT_TEXT, Category.INTERNAL_ERROR, message)
+            ]
         out.put(("done", document_id, events))
 
     async def run_all() -> None:

@@ -12,12 +12,14 @@ import pytest
 
 from ai_pipeline.batch import run_batch
 from ai_pipeline.documents import parse_document
-from ai_pipeline.engine import STAGES, Analyser, StageDone, StageFailed, requeue
+from ai_pipeline.engine import Analyser
 from ai_pipeline.failures import Category
 from ai_pipeline.llm import LLMClient
+from ai_pipeline.outcomes import requeue
 from ai_pipeline.rehearsal.faults import SimulatorConfig
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.review import reject
+from ai_pipeline.stages import STAGES, StageDone, StageFailed
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline.store.rows import ResultRow, ReviewStatus
