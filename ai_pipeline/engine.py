@@ -111,8 +111,7 @@ class Analyser:
         self.claims = Claims(
             store, owner_id(run_id), lease_seconds=lease_seconds, wait_seconds=claim_wait_seconds
         )
-        if llm.on_failure is None:
-            llm.on_failure = self._record_attempt
+        llm.report_failures_to(self._record_attempt)
 
     def task_for(self, document_id: str) -> str:
         return task_id(document_id, ANALYSE_STEP, self.analysis.tag(), self.llm.model)
@@ -123,6 +122,43 @@ class Analyser:
         happens inside the batch's ``window`` (``ai_pipeline.window``)."""
         async with window if window is not None else contextlib.nullcontext():
             return await self._traced(document_id, window)
+
+    # --- what a batch runner uses (``ai_pipeline.batch``) ---------------------------------------
+
+    def log_to(self, log: Log) -> Log:
+        """Write this analyser's log lines to ``log`` from now on (a batch's worker thread hands
+        them to the caller's); returns where they went before."""
+        before, self.log = self.log, log
+        return before
+
+    def window(self, size: int | None = None) -> DocumentWindow:
+        """How many documents of a batch are worked on at once: ``size``, or by default two per
+        call the LLM client can have in flight."""
+        if size is not None:
+            return DocumentWindow(size)
+        return DocumentWindow.for_concurrency(self.llm.max_concurrency)
+
+    async def keep_claims(self) -> None:
+        """Renew this run's claims while its documents run (until cancelled)."""
+        await self.claims.keep_renewing(self.log)
+
+    def stop(self) -> set[str]:
+        """Send no new call; the documents whose call is in flight, which come in within
+        ``call_timeout_seconds`` (their answers are paid for: each is checkpointed as it comes)."""
+        self.llm.stop()
+        return {document_of(task) for task in self.llm.in_flight}
+
+    @property
+    def call_timeout_seconds(self) -> float:
+        return self.llm.timeout_seconds
+
+    async def aclose(self) -> None:
+        """Close the connections of the LLM client and of the notifier."""
+        await self.llm.aclose()
+        if self.notifier is not None:
+            await self.notifier.aclose()
+
+    # --- one document -----------------------------------------------------------------------
 
     async def _traced(self, document_id: str, window: DocumentWindow | None) -> list[Event]:
         task = self.task_for(document_id)

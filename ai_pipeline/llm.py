@@ -356,6 +356,12 @@ class LLMClient:
         """The task ids whose request has been sent and whose reply is not yet handed back."""
         return set(self._in_flight)
 
+    def report_failures_to(self, hook: RetryHook) -> None:
+        """Where each failed request the client retries or waits out is reported (the analyser
+        records it as an event), unless the client was built with a hook of its own."""
+        if self.on_failure is None:
+            self.on_failure = hook
+
     def stop(self) -> None:
         """Send no new request (each raises ``RunStopped``); those in flight go on to their reply:
         it is paid for, so it is handed back to be checkpointed."""
