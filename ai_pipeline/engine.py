@@ -218,7 +218,9 @@ class Analyser:
             log.info("cancelled by its submitter; stopped")
             return events
         except ClassifiedError as e:
-            stage = getattr(e, "stage", Stage.LLM_ANALYSIS)
+            # Where it was raised, else the stage the document was in: a database outage during
+            # the upsert is the results' failure, not the analysis's.
+            stage = getattr(e, "stage", None) or stage_in_progress(events)
             failed_task = getattr(e, "task", None) or task
             events.append(
                 StageFailed(document_id, stage, e.category, redact(e.message), failed_task)
