@@ -40,6 +40,7 @@ from ai_pipeline.intake import BATCH_TAG
 from ai_pipeline.notify import Notifier
 from ai_pipeline.reporting import build_report, chart_png, to_markdown
 from ai_pipeline.spend import Meter, Prices, run_budgets
+from ai_pipeline.stages import Stage
 
 # The keys of the product's own code location (one analysis, no prefix).
 ANALYSIS_KEYS = DEFAULT_SITE.keys
@@ -50,11 +51,11 @@ GROUP = DEFAULT_SITE.group
 DOCUMENTS_PER_BACKFILL_RUN = 100
 
 _DESCRIPTIONS = {
-    "document_text": "The document's normalised text, read from the file it arrived as.",
-    "llm_analysis": "The LLM's reply for the document (checkpointed per task id: paid for once).",
-    "validated_analysis": "The reply that passed every check: schema, confidence, refusal, grounding.",
-    "analysis_results": "One upserted row per document in the results table.",
-    "completion_notice": "The completion notice POSTed to the webhook, exactly once "
+    Stage.DOCUMENT_TEXT: "The document's normalised text, read from the file it arrived as.",
+    Stage.LLM_ANALYSIS: "The LLM's reply for the document (checkpointed per task id: paid for once).",
+    Stage.VALIDATED_ANALYSIS: "The reply that passed every check: schema, confidence, refusal, grounding.",
+    Stage.ANALYSIS_RESULTS: "One upserted row per document in the results table.",
+    Stage.COMPLETION_NOTICE: "The completion notice POSTed to the webhook, exactly once "
     "(Idempotency-Key: its task id); skipped when AI_PIPELINE_WEBHOOK_URL is unset.",
 }
 
@@ -71,11 +72,11 @@ def _specs(site: Site) -> list[dg.AssetSpec]:
             group_name=site.group,
             skippable=True,
             partitions_def=site.partitions_def,
-            kinds={"sql"} if stage == "analysis_results" else {"python"},
-            code_version=None if stage == "document_text" else version,
+            kinds={"sql"} if stage == Stage.ANALYSIS_RESULTS else {"python"},
+            code_version=None if stage == Stage.DOCUMENT_TEXT else version,
             tags={ANALYSIS_TAG: site.declaration.name},
         )
-        if stage == "analysis_results":
+        if stage == Stage.ANALYSIS_RESULTS:
             spec = spec.with_io_manager_key(site.name("results_io_manager"))
         specs.append(spec)
     return specs
