@@ -20,7 +20,7 @@ from ai_pipeline.store.rows import StoredDocument
 
 
 class Failure(Protocol):
-    """How a document failed (``ai_pipeline.engine.StageFailed``)."""
+    """How a document failed (``ai_pipeline.stages.StageFailed``)."""
 
     @property
     def stage(self) -> str: ...
