@@ -16,12 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ai_pipeline.declaration import (
-    DEFAULT_MIN_CONFIDENCE,
-    DEFAULT_SECTION_CHARS,
-    Evaluation,
-    Section,
-)
+from ai_pipeline.declaration import Evaluation, Section
 from ai_pipeline.failures import Category, ClassifiedError
 from ai_pipeline.llm import LLMClient, LLMReply, Messages, RunStopped
 from ai_pipeline.stages import Cancelled, Stage, StageError
@@ -34,14 +29,7 @@ from ai_pipeline.truncation import larger_limit, output_limit, recut
 class AnalysisCalls:
     """The checkpointed LLM calls of the documents of one batch, for the store's analysis."""
 
-    def __init__(
-        self,
-        store: Store,
-        llm: LLMClient,
-        *,
-        min_confidence: float = DEFAULT_MIN_CONFIDENCE,
-        section_chars: int = DEFAULT_SECTION_CHARS,
-    ):
+    def __init__(self, store: Store, llm: LLMClient, min_confidence: float, section_chars: int):
         self.store = store
         self.analysis = store.analysis
         self.llm = llm

@@ -102,9 +102,7 @@ class Analyser:
         self.results = results
         self.log: Log = log or logging.getLogger("ai_pipeline")
         self.run_id = run_id
-        self.calls = AnalysisCalls(
-            store, llm, min_confidence=min_confidence, section_chars=section_chars
-        )
+        self.calls = AnalysisCalls(store, llm, min_confidence, section_chars)
         self.notifier = notifier
         self.retry_budget = retry_budget
         self.outcomes = Outcomes(store, run_id=run_id, retry_budget=retry_budget)
