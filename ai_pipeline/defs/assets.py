@@ -41,6 +41,7 @@ from ai_pipeline.notify import Notifier
 from ai_pipeline.reporting import build_report, chart_png, to_markdown
 from ai_pipeline.spend import Meter, Prices, run_budgets
 from ai_pipeline.stages import Stage
+from ai_pipeline.states import State
 
 # The keys of the product's own code location (one analysis, no prefix).
 ANALYSIS_KEYS = DEFAULT_SITE.keys
@@ -343,6 +344,7 @@ def _failure_report(
     context: dg.AssetExecutionContext, results_store: ResultsStore, analysis_results: Any
 ) -> dg.MaterializeResult:
     report = build_report(results_store.get(), analysis_results)
+    by_state = report["by_state"]
     png = chart_png(report)
     chart_path = Path(context.instance.root_directory) / "reports" / "failure_report.png"
     chart_path.parent.mkdir(parents=True, exist_ok=True)
@@ -358,7 +360,11 @@ def _failure_report(
             "chart_file": dg.MetadataValue.path(str(chart_path)),
             "documents": report["documents"],
             "success_rate": report["success_rate"],
-            "failed": sum(v for k, v in report["by_state"].items() if k != "COMPLETED"),
+            # Besides the completed ones, every document is counted in one of these three.
+            "failed": _count(by_state, State.FAILED, State.DEAD_LETTER),
+            # Not ended yet: waiting for a run, or in one.
+            "unfinished": _count(by_state, State.PENDING, State.QUEUED, State.RUNNING),
+            "cancelled": _count(by_state, State.CANCELLED),
             "estimated_cost_usd": report["estimated_cost_usd"],
             "tokens": report["tokens"]["prompt"] + report["tokens"]["completion"],
             # Every attempt, failed and repeated ones included (the usage of each reply).
@@ -377,6 +383,11 @@ def _failure_report(
             "stale_analyses": sum(report["stale"].values()),
         }
     )
+
+
+def _count(by_state: dict[str, int], *states: State) -> int:
+    """How many documents are in any of ``states``."""
+    return sum(by_state.get(state.value, 0) for state in states)
 
 
 # The product's own code location's (``ai_pipeline.definitions`` builds its own through the
