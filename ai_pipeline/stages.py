@@ -6,7 +6,10 @@ become parts of Dagster asset keys.
 
 The events are what ``ai_pipeline.engine.Analyser`` reports per document and stage — done,
 failed, or left to another run — and what the Dagster step turns into materializations and check
-evaluations (``ai_pipeline.defs.assets``). How the stages run lives in the engine, not here.
+evaluations (``ai_pipeline.defs.assets``), with ``shown``, an output as its event's metadata.
+``StageError`` and ``Cancelled`` carry a failure or a cancellation from where it happens (the
+engine, its LLM calls in ``ai_pipeline.calls``) to where the events are gathered. How the stages
+run lives in the engine, not here.
 """
 
 from __future__ import annotations
@@ -87,21 +90,21 @@ class StageError(ClassifiedError):
         self.task = task
 
 
-class Cancelled(Exception):  # noqa: N818 - a request of the submitter's, not an error
+class Cancelled(Exception):
     """The document's submitter cancelled it while this run held it."""
 
 
 def shown(output: dict[str, Any]) -> dict[str, Any]:
     """An output's top-level values as a person reads them in the UI: numbers and short text as
     they are, lists of text joined, anything else as JSON."""
-    shown: dict[str, Any] = {}
+    values: dict[str, Any] = {}
     for name, value in output.items():
         if isinstance(value, bool | int | float) or value is None:
-            shown[name] = value
+            values[name] = value
         elif isinstance(value, str):
-            shown[name] = value[:500]
+            values[name] = value[:500]
         elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-            shown[name] = ", ".join(value)[:500]
+            values[name] = ", ".join(value)[:500]
         else:
-            shown[name] = json.dumps(value, ensure_ascii=False)[:500]
-    return shown
+            values[name] = json.dumps(value, ensure_ascii=False)[:500]
+    return values
