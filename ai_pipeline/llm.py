@@ -85,6 +85,61 @@ class LLMReply:
         return cls(**{k: payload.get(k) for k in cls.__dataclass_fields__})  # type: ignore[arg-type]
 
 
+def chat_request(
+    model: str,
+    messages: Messages,
+    response_format: Mapping[str, Any] | None,
+    settings: ModelSettings,
+    *,
+    reserved_completion_tokens: int | None = None,
+) -> dict[str, Any]:
+    """The body of one chat completion request, as every path sends it (a call, a Batch API
+    line): the model, the messages, the reply's format (JSON mode when None), and the
+    temperature, output limit and reasoning effort that ``settings`` ask for and the model
+    accepts (``ai_pipeline.endpoints``).
+
+    Every reply is bounded; under a budget by the completion tokens reserved for it
+    (``reserved_completion_tokens``): what it costs then stays within the reservation."""
+    limit = settings.max_output_tokens
+    if reserved_completion_tokens is not None:
+        limit = (
+            reserved_completion_tokens if limit is None else min(limit, reserved_completion_tokens)
+        )
+    parameters = request_parameters(
+        model,
+        temperature=settings.temperature,
+        max_output_tokens=limit,
+        reasoning_effort=settings.reasoning_effort,
+        limit_parameter=settings.limit_parameter,
+        send_temperature=settings.send_temperature,
+    )
+    return {
+        "model": model,
+        "messages": [dict(m) for m in messages],
+        "response_format": dict(response_format or JSON_MODE),
+        **parameters,
+    }
+
+
+def reply_of(completion: Any, model: str, latency_ms: int) -> LLMReply:
+    """What a chat completion (the SDK's ``ChatCompletion``) answered, as a checkpoint stores
+    it; raises SCHEMA_VIOLATION when it has no choices. ``model`` stands in for a reply that
+    does not name its own."""
+    usage = completion.usage
+    choice = completion.choices[0] if completion.choices else None
+    if choice is None:
+        raise ClassifiedError(Category.SCHEMA_VIOLATION, "the reply has no choices")
+    return LLMReply(
+        content=choice.message.content or "",
+        refusal=getattr(choice.message, "refusal", None) or None,
+        finish_reason=choice.finish_reason,
+        model=completion.model or model,
+        prompt_tokens=usage.prompt_tokens if usage else None,
+        completion_tokens=usage.completion_tokens if usage else None,
+        latency_ms=latency_ms,
+    )
+
+
 class RunStopped(BaseException):  # noqa: N818 - a stop, like asyncio.CancelledError, not an error
     """The run is stopping: no new call goes out. Raised past every retry and failure handler,
     as a cancellation is, so the document ends where it is, neither failed nor done."""
@@ -318,20 +373,13 @@ class LLMClient:
         await self._limiter.acquire()
         async with self._semaphore:
             self._refuse_if_stopping(task_id)
-            # Every reply is bounded; under a budget by the completion tokens reserved for it:
-            # what it costs then stays within the reservation.
-            settings = request.settings
-            limit = settings.max_output_tokens
             reserved = self.meter.max_completion_tokens if self.meter else None
-            if reserved is not None:
-                limit = reserved if limit is None else min(limit, reserved)
-            parameters = request_parameters(
+            body = chat_request(
                 self.model,
-                temperature=settings.temperature,
-                max_output_tokens=limit,
-                reasoning_effort=settings.reasoning_effort,
-                limit_parameter=settings.limit_parameter,
-                send_temperature=settings.send_temperature,
+                messages,
+                request.response_format,
+                request.settings,
+                reserved_completion_tokens=reserved,
             )
             # Reserved only while in flight (a call waiting for a slot holds no budget), for the
             # limit the request carries: a reasoning model's counts its reasoning too.
@@ -340,7 +388,7 @@ class LLMClient:
                     task_id,
                     self.model,
                     messages,
-                    completion_tokens=limit_of(parameters),
+                    completion_tokens=limit_of(body),
                     response_format=request.response_format,
                 )
                 if self.meter
@@ -352,12 +400,8 @@ class LLMClient:
             self._in_flight[task_id] += 1
             started = time.monotonic()
             try:
-                completion = await self._client.chat.completions.create(
-                    model=self.model,
-                    messages=messages,  # type: ignore[arg-type,call-overload]
-                    response_format=request.response_format,  # type: ignore[arg-type]
-                    extra_headers={"Idempotency-Key": task_id},
-                    **parameters,
+                completion = await self._client.chat.completions.create(  # type: ignore[call-overload]
+                    **body, extra_headers={"Idempotency-Key": task_id}
                 )
             except BaseException as e:  # a cancelled call releases its reservation too
                 self._landed(task_id)
@@ -392,18 +436,7 @@ class LLMClient:
                     cached_tokens=cached_tokens,
                     reasoning_tokens=reasoning_tokens,
                 )
-        choice = completion.choices[0] if completion.choices else None
-        if choice is None:
-            raise ClassifiedError(Category.SCHEMA_VIOLATION, "the reply has no choices")
-        return LLMReply(
-            content=choice.message.content or "",
-            refusal=getattr(choice.message, "refusal", None) or None,
-            finish_reason=choice.finish_reason,
-            model=model,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            latency_ms=latency_ms,
-        )
+        return reply_of(completion, self.model, latency_ms)
 
     def _landed(self, task_id: str) -> None:
         """The reply (or the failure) of a call in flight is in: from here on nothing suspends

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ai_pipeline.declaration import Declaration
 from ai_pipeline.settings import Settings
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
@@ -48,7 +49,7 @@ def status_report(
     ids = [d.document_id for d in docs]
     sources = store.documents.sources(ids)
     results = {r.document_id: r for r in store.results.get(ids)}
-    current = current_task_suffix()
+    current = current_task_suffix(analysis=store.analysis)
     headline = store.analysis.summary_field
     rows = [_status_row(d, sources, results.get(d.document_id), current, headline) for d in docs]
     if document_ids is not None:
@@ -101,17 +102,23 @@ def stop_reason(docs: Iterable[DocumentRow]) -> str | None:
     return latest.last_error if latest is not None else None
 
 
-def current_versions(settings: Settings | None = None) -> tuple[str, str]:
-    """The prompt version and model new analyses are made under; results made under others
-    are stale (``backfill --stale`` makes them again)."""
+def current_versions(
+    settings: Settings | None = None, analysis: Declaration | None = None
+) -> tuple[str, str]:
+    """The prompt version and model new analyses of ``analysis`` (else the settings' analysis)
+    are made under; results made under others are stale (``backfill --stale`` makes them
+    again). The analysis's declaration names its model, else the settings do."""
     settings = settings or Settings.load()
-    return settings.declaration.tag(), settings.analysis_model
+    declaration = analysis or settings.declaration
+    return declaration.tag(), declaration.model.name or settings.model
 
 
-def current_task_suffix(settings: Settings | None = None) -> str:
+def current_task_suffix(
+    settings: Settings | None = None, analysis: Declaration | None = None
+) -> str:
     """What follows the document id in the task id of a current analysis: a result whose task id
     is another is stale, whatever name the endpoint served its model under."""
-    return task_suffix(ANALYSE_STEP, *current_versions(settings))
+    return task_suffix(ANALYSE_STEP, *current_versions(settings, analysis))
 
 
 def _status_row(
@@ -194,7 +201,7 @@ def build_report(
         "tokens": {"prompt": prompt_tokens, "completion": completion_tokens},
         "estimated_cost_usd": round(cost, 6),
         "spend": spend_report(store),
-        "stale": store.results.count_stale(current_task_suffix(settings)),
+        "stale": store.results.count_stale(current_task_suffix(settings, store.analysis)),
         "failed_documents": [
             {
                 "document_id": r["document_id"],

@@ -121,10 +121,17 @@ SETTINGS: dict[str, Setting] = {
     "sensor_interval_seconds": Setting(
         "AI_PIPELINE_SENSOR_INTERVAL", 30, "seconds between inbox sensor ticks (at load)"
     ),
+    "batch_api_interval_seconds": Setting(
+        "AI_PIPELINE_BATCH_API_INTERVAL",
+        120,
+        "seconds between ticks of the sensor that follows Batch API jobs (at load)",
+    ),
     "backfill_run_size": Setting(
         "AI_PIPELINE_BACKFILL_RUN_SIZE",
-        100,
-        "documents per run of a backfill the daemon runs (at load; each run is a process start)",
+        None,
+        "documents per run of a backfill the daemon runs (each run is a process start); unset: "
+        "the batch over the run queue's slots, so that its runs start in one wave",
+        int,
     ),
     "sensor_max_files": Setting(
         "AI_PIPELINE_SENSOR_MAX_FILES",
@@ -202,8 +209,9 @@ class Settings:
     lease_seconds: float
     claim_wait_seconds: float
     sensor_interval_seconds: int
+    batch_api_interval_seconds: int
     sensor_max_files: int
-    backfill_run_size: int
+    backfill_run_size: int | None
     nightly_cron: str
     timezone: str
     section_chars: int
@@ -251,7 +259,7 @@ class Settings:
             raise SettingsError(f"AI_PIPELINE_ANALYSIS: {e}") from None
         for name in _AT_LEAST_ONE:
             value = getattr(self, name)
-            if value < 1:
+            if value is not None and value < 1:
                 raise SettingsError(f"{SETTINGS[name].env} must be ≥ 1, not {value}")
         if not 0.0 <= self.min_confidence <= 1.0:
             raise SettingsError(
@@ -273,7 +281,7 @@ class Settings:
             )
 
 
-# The settings that must be at least 1 (counts, sizes, the lease and the sensor interval).
+# The settings that must be at least 1 when set (counts, sizes, the lease and the sensor interval).
 _AT_LEAST_ONE = (
     "llm_concurrency",
     "documents_per_run",
@@ -282,6 +290,7 @@ _AT_LEAST_ONE = (
     "backfill_run_size",
     "sensor_max_files",
     "sensor_interval_seconds",
+    "batch_api_interval_seconds",
     "section_chars",
     "completion_reserve_tokens",
 )

@@ -72,6 +72,20 @@ class Price:
     prompt_per_million: float
     completion_per_million: float
     cached_prompt_per_million: float | None = None
+    # The Batch API's price of this model, when the table gives one (``batch_prompt``,
+    # ``batch_completion``, ``batch_cached_prompt``); else half of each price (``for_batch``).
+    batch: Price | None = None
+
+    def for_batch(self) -> Price:
+        """The price of a Batch API line: the table's batch columns, else half of each price
+        (OpenAI's Batch API discount)."""
+        if self.batch is not None:
+            return self.batch
+        return Price(
+            self.prompt_per_million / 2,
+            self.completion_per_million / 2,
+            None if self.cached_prompt_per_million is None else self.cached_prompt_per_million / 2,
+        )
 
     def cost(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
         """What a call costs; ``cached_tokens`` are of ``prompt_tokens``, and the completion's
@@ -137,10 +151,18 @@ class Prices:
     ) -> float:
         return self.price(model).cost(prompt_tokens, completion_tokens, cached_tokens)
 
+    def batch_cost(
+        self, model: str, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+    ) -> float:
+        """What a Batch API line costs (``Price.for_batch``)."""
+        return self.price(model).for_batch().cost(prompt_tokens, completion_tokens, cached_tokens)
+
 
 def _parse(data: Any, where: str) -> dict[str, Price]:
     """``{"models": {name: {"prompt": usd_per_1M, "completion": usd_per_1M,
-    "cached_prompt": usd_per_1M (optional)}}}``."""
+    "cached_prompt": usd_per_1M (optional), "batch_prompt", "batch_completion",
+    "batch_cached_prompt": the Batch API's, usd_per_1M (optional; both or none of the first
+    two)}}}``."""
     models = data.get("models") if isinstance(data, dict) else None
     if not isinstance(models, dict):
         raise PricesError(f"{where}: expected a mapping 'models: {{name: {{prompt, completion}}}}'")
@@ -148,15 +170,25 @@ def _parse(data: Any, where: str) -> dict[str, Price]:
     for name, entry in models.items():
         try:
             cached = entry.get("cached_prompt")
+            batch = None
+            if "batch_prompt" in entry or "batch_completion" in entry:
+                batch_cached = entry.get("batch_cached_prompt")
+                batch = Price(
+                    float(entry["batch_prompt"]),
+                    float(entry["batch_completion"]),
+                    None if batch_cached is None else float(batch_cached),
+                )
             out[str(name)] = Price(
                 float(entry["prompt"]),
                 float(entry["completion"]),
                 None if cached is None else float(cached),
+                batch,
             )
         except (TypeError, KeyError, ValueError, AttributeError) as e:
             raise PricesError(
                 f"{where}: model {name!r} needs numeric 'prompt' and 'completion' and, when "
-                "given, 'cached_prompt' (USD per million tokens)"
+                "given, 'cached_prompt', and 'batch_prompt' with 'batch_completion' (USD per "
+                "million tokens)"
             ) from e
     return out
 

@@ -182,3 +182,16 @@ def test_a_text_without_numbered_clauses_still_gets_its_report(
     assert simulator.requests_for(report_task(doc.document_id)) == 1
     (row,) = store.results.get([doc.document_id])
     assert set(row.output) == {"overall_risk", "summary", "confidence"}
+
+
+def test_the_command_line_shows_which_clause_a_contract_is_at(store: Store) -> None:
+    """The live line of a run over a contract names the clause it is at: six of twelve
+    checkpointed is "clause 7/12"."""
+    from ai_pipeline.defs.launch import _sections_line
+
+    document_id = register(store)
+    store.documents.transition(document_id, State.RUNNING, through=State.QUEUED)
+    store.documents.set_sections(document_id, 12)
+    for i in range(1, 7):
+        store.checkpoints.put(clause_task(document_id, i), document_id, "analyse.s", {})
+    assert _sections_line(store, [document_id]) == " · clause 7/12"

@@ -37,6 +37,7 @@ def test_definitions_load() -> None:
     assert {s.name for s in repo.sensor_defs} == {
         "inbox_sensor",
         "submissions_sensor",
+        "openai_batch_sensor",
         "approvals_sensor",
         "reconcile_sensor",
         "nightly_report_sensor",

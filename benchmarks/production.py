@@ -19,7 +19,7 @@ run; its time is reported as a share of the first pass. ``--peer-documents`` run
 path (``AI_PIPELINE_BACKFILL_RUN_SIZE=1``) and reports the ratio of seconds per document.
 
     python benchmarks/production.py [--documents 1000] [--latency-ms 1000] [--concurrency 16]
-        [--runs 4] [--run-size 100] [--backend sqlite|postgres] [--dagster-postgres-storage]
+        [--runs 4] [--run-size N] [--backend sqlite|postgres] [--dagster-postgres-storage]
         [--peer-documents 0] [--json]
 
 Exit code 0 when every document completed with exactly one LLM request each, 1 otherwise.
@@ -52,6 +52,7 @@ from throughput import (  # noqa: E402
     make_inbox,
 )
 
+HERE = Path(__file__).resolve().parent
 API_KEY = "sim-bench-key"
 MODEL = "sim-analyst-1"
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -164,7 +165,7 @@ def what_dagster_recorded(
     home: Path, env: dict[str, str], slots: int
 ) -> tuple[Counter[str], dict[str, Any]]:
     """Event-log entries of every run by type, and where a run's time went — read after the
-    daemon stopped: queued (created → started), starting (the worker up → the step began), the
+    daemon stopped: the backfill launched → its first run created (the daemon's loop), queued (created → started), starting (the worker up → the step began), the
     step, and the gaps between runs: a freed slot → the next run dequeued (the run queue's
     polling), dequeued → the worker up (process start and code import), the step's end → the
     run's end."""
@@ -175,7 +176,13 @@ def what_dagster_recorded(
     queued, starting, stepping, launching, closing, ends = [], [], [], [], [], []
     dequeued: list[float] = []
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        for record in instance.get_run_records():
+        records = instance.get_run_records()
+        # The backfill daemon's start delay: the backfill launched → its first run created (the
+        # daemon looks at new backfills every 30 s).
+        launched = [b.backfill_timestamp for b in instance.get_backfills()]
+        created = [r.create_timestamp.timestamp() for r in records]
+        start_delay = min(created) - min(launched) if launched and created else None
+        for record in records:
             run_id = record.dagster_run.run_id
             entries = instance.all_logs(run_id)
             for entry in entries:
@@ -208,6 +215,9 @@ def what_dagster_recorded(
         return round(sum(values) / len(values), 2) if values else None
 
     return by_type, {
+        "seconds_backfill_launched_to_first_run_created": (
+            round(start_delay, 2) if start_delay is not None else None
+        ),
         "mean_seconds_queued": mean(queued),
         "mean_seconds_worker_start_to_step": mean(starting),
         "mean_seconds_in_step": mean(stepping),
@@ -237,7 +247,7 @@ def llm_latency_seen_by_runs(database_url: str) -> float | None:
 
 
 def one_pass(
-    root: Path, name: str, n: int, args: argparse.Namespace, simulator: Any, run_size: int
+    root: Path, name: str, n: int, args: argparse.Namespace, simulator: Any, run_size: int | None
 ) -> dict[str, Any]:
     home = root / name / "home"
     home.mkdir(parents=True)
@@ -254,11 +264,18 @@ def one_pass(
         AI_PIPELINE_DATABASE_URL=pg_url or f"sqlite:///{home / 'ai_pipeline.sqlite'}",
         AI_PIPELINE_SETTLE_SECONDS="0",
         AI_PIPELINE_LLM_CONCURRENCY=str(max(1, args.concurrency // args.runs)),
-        AI_PIPELINE_BACKFILL_RUN_SIZE=str(run_size),
         OPENAI_BASE_URL=simulator.base_url,
         OPENAI_API_KEY=API_KEY,
         AI_PIPELINE_MODEL=MODEL,
     )
+    if args.analysis:
+        # A declaration by import path: this folder is importable by every process of the run.
+        env.update(
+            AI_PIPELINE_ANALYSIS=args.analysis,
+            PYTHONPATH=os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p),
+        )
+    if run_size is not None:
+        env["AI_PIPELINE_BACKFILL_RUN_SIZE"] = str(run_size)
     if not args.per_partition_planned_events:
         env.setdefault("DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS", "1")
 
@@ -299,7 +316,7 @@ def one_pass(
     work = (last_end - started_epoch) if last_end else wall
     return {
         "documents": n,
-        "run_size": run_size,
+        "run_size": run_size or "unset (the product's choice)",
         "succeeded": out["succeeded"],
         "backfill_status": out.get("status"),
         "wall_seconds": round(wall, 2),
@@ -331,7 +348,13 @@ def main() -> int:
     parser.add_argument("--latency-ms", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=16, help="total LLM calls in flight")
     parser.add_argument("--runs", type=int, default=4, help="runs at once (max_concurrent_runs)")
-    parser.add_argument("--run-size", type=int, default=100, help="documents per backfill run")
+    parser.add_argument(
+        "--run-size",
+        type=int,
+        default=None,
+        help="documents per backfill run (AI_PIPELINE_BACKFILL_RUN_SIZE); default: unset, so "
+        "the product chooses it from the batch and max_concurrent_runs",
+    )
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--peer-documents", type=int, default=0, help="one run per document")
     parser.add_argument(
@@ -344,6 +367,11 @@ def main() -> int:
         action="store_true",
         help="with --backend postgres: dagster-postgres's storage (a connection per call) instead "
         "of the pooled one of deploy/dagster.yaml",
+    )
+    parser.add_argument(
+        "--analysis",
+        help="the analysis (a built-in's name or a Declaration's import path; this folder is "
+        "importable); default: the built-in document_analysis",
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

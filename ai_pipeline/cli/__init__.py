@@ -2,7 +2,7 @@
 
 Commands are thin — parse, call one function of the application layer, print — one module per
 group: ``process`` (demo, run, status), ``backfill`` (backfill, requeue), ``review``, ``batches``
-(submit, batch, report), ``serve`` (the submission service), ``rehearsal`` (simulate-llm, receive-webhooks). Commands that process
+(submit, batch, report), ``openai_batches`` (batch-api: OpenAI's Batch API), ``serve`` (the submission service), ``rehearsal`` (simulate-llm, receive-webhooks). Commands that process
 documents go through Dagster against the project's instance (``DAGSTER_HOME``), so what they do
 shows in the Dagster UI exactly like a sensor's runs.
 
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from ai_pipeline.cli import backfill, batches, process, rehearsal, review, serve
+from ai_pipeline.cli import backfill, batches, openai_batches, process, rehearsal, review, serve
 from ai_pipeline.cli.common import EXIT_USAGE
 from ai_pipeline.errors import InputError
 
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Idempotent, retry-safe LLM analysis of document collections on Dagster.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (process, backfill, review, batches, serve):
+    for group in (process, backfill, review, batches, openai_batches, serve):
         group.add_commands(sub)
     # Every command of the pipeline works on one analysis; the rehearsal tools on none.
     for command in sub.choices.values():

@@ -39,6 +39,8 @@ def _since(value: str | None) -> datetime | None:
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
+    from ai_pipeline.defs import relaunch
+
     if args.failed == args.stale:
         raise UsageError("say what to backfill: --failed or --stale (one of them)")
     if args.stale and (args.category or args.since or budget_of(args)):
@@ -46,11 +48,12 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             "--category, --since and --budget-* are for failed documents: use them with --failed"
         )
     if args.stale:
-        out = launcher(args).backfill_stale(
-            dry_run=args.dry_run, wait=args.wait, timeout=args.timeout
+        out = relaunch.backfill_stale(
+            launcher(args), dry_run=args.dry_run, wait=args.wait, timeout=args.timeout
         )
     else:
-        out = launcher(args).backfill_failed(
+        out = relaunch.backfill_failed(
+            launcher(args),
             categories=categories(args.category),
             since=_since(args.since),
             dry_run=args.dry_run,

@@ -32,8 +32,15 @@ def _print_batch(summary: dict[str, Any]) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    out = launcher(args).submit_batch(
-        Path(args.inbox), args.batch, wait=args.wait, timeout=args.timeout, budget=budget_of(args)
+    from ai_pipeline.defs.relaunch import submit_batch
+
+    out = submit_batch(
+        launcher(args),
+        Path(args.inbox),
+        args.batch,
+        wait=args.wait,
+        timeout=args.timeout,
+        budget=budget_of(args),
     )
     if args.json:
         print_json(out)
@@ -67,7 +74,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    summary = launcher(args).batch_summary(args.batch_id)
+    from ai_pipeline.defs.relaunch import batch_summary
+
+    summary = batch_summary(launcher(args), args.batch_id)
     if args.json:
         print_json(summary)
     else:

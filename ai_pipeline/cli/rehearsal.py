@@ -35,6 +35,9 @@ def cmd_simulate_llm(args: argparse.Namespace) -> int:
         openai_rules=args.openai_rules,
         models=models,
         prompt_caching=True if args.prompt_caching else None,
+        batch_seconds=args.batch_seconds,
+        batch_window_seconds=args.batch_window_seconds,
+        batch_cancel_seconds=args.batch_cancel_seconds,
     )
     serve(config, host=args.host, port=args.port)
     return EXIT_OK
@@ -52,8 +55,8 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser(
         "simulate-llm",
         help="run the OpenAI-compatible simulator in the foreground",
-        description="An OpenAI-compatible server (/v1/chat/completions, /v1/models) that answers "
-        "with a deterministic analysis of the text it is sent, counts requests per "
+        description="An OpenAI-compatible server (/v1/chat/completions, /v1/models, the Batch "
+        "API's /v1/files and /v1/batches) that answers with a deterministic analysis of the text it is sent, counts requests per "
         "Idempotency-Key (GET /_sim/stats) and injects faults on demand (POST /_sim/faults).",
     )
     p.add_argument(
@@ -92,6 +95,25 @@ def add_commands(sub: Any) -> None:
         action="store_true",
         help="report usage.prompt_tokens_details.cached_tokens as OpenAI's prompt caching would "
         "(on with --openai-rules)",
+    )
+    p.add_argument(
+        "--batch-seconds",
+        type=float,
+        default=0.0,
+        help="Batch API: seconds from creating a batch to its completion (default: 0)",
+    )
+    p.add_argument(
+        "--batch-window-seconds",
+        type=float,
+        default=None,
+        help="Batch API: a batch not done within this many seconds expires, its unfinished "
+        "lines batch_expired (default: never)",
+    )
+    p.add_argument(
+        "--batch-cancel-seconds",
+        type=float,
+        default=0.0,
+        help="Batch API: seconds a cancelled batch stays cancelling (default: 0)",
     )
     p.set_defaults(func=cmd_simulate_llm)
 

@@ -47,8 +47,9 @@ from ai_pipeline.states import State
 ANALYSIS_KEYS = DEFAULT_SITE.keys
 DOCUMENT_TEXT, LLM_ANALYSIS, VALIDATED_ANALYSIS, ANALYSIS_RESULTS, COMPLETION_NOTICE = ANALYSIS_KEYS
 GROUP = DEFAULT_SITE.group
-# A backfill's documents per run, unless AI_PIPELINE_BACKFILL_RUN_SIZE says otherwise when the
-# code location loads (``with_backfill_run_size``).
+# A backfill's documents per run when Dagster plans it (a UI backfill), unless
+# AI_PIPELINE_BACKFILL_RUN_SIZE says otherwise when the code location loads
+# (``with_backfill_run_size``).
 DOCUMENTS_PER_BACKFILL_RUN = 100
 
 _DESCRIPTIONS = {
@@ -258,9 +259,13 @@ def _analyse(
         )
 
 
-def with_backfill_run_size(assets: dg.AssetsDefinition, size: int) -> dg.AssetsDefinition:
+def with_backfill_run_size(assets: dg.AssetsDefinition, size: int | None) -> dg.AssetsDefinition:
     """The analysis assets with backfills cut into runs of ``size`` documents: a daemon-launched
-    run pays a process start and a code import, so larger runs pay it less often."""
+    run pays a process start and a code import, so larger runs pay it less often. Without a size
+    they keep ``DOCUMENTS_PER_BACKFILL_RUN`` (the size of the backfills Dagster plans: the UI's;
+    the package plans its own from the run queue, ``ai_pipeline.defs.backfills``)."""
+    if size is None:
+        return assets
     return assets.with_attributes(backfill_policy=dg.BackfillPolicy.multi_run(size))
 
 

@@ -16,14 +16,14 @@ checkpoints make every rerun free of repeated LLM calls. Its runs are planned he
 Dagster: Dagster's ``BackfillPolicy`` cuts only *contiguous* partitions into runs, so 50 failures
 scattered over 1,000 documents would become 50 runs of one document, each paying a run's start.
 ``plan_runs`` takes the selected documents in partition order, up to the run size
-(``AI_PIPELINE_BACKFILL_RUN_SIZE``, or fewer so that the documents fill every run slot of the
-queue) per run whatever their position: each run's range spans its
-documents and its config names them (``ai_pipeline.defs.partitions``), so the documents of the
-range it does not name cost nothing — no call, no event, their status unchanged. The backfill is
-handed to the daemon with those runs to submit and every target partition counted as requested
-(the state Dagster's own daemon writes before it submits the runs it planned), so the daemon
-submits exactly them, follows their materializations and failures, and ends the backfill as it
-does its own. (The backfill's page counts the unnamed documents of a range among its requested
+(``planned_run_size``: enough that the runs fill the run queue's slots in one wave, unless
+``AI_PIPELINE_BACKFILL_RUN_SIZE`` says otherwise) per run whatever their position: each run's
+range spans its documents and its config names them (``ai_pipeline.defs.partitions``), so the
+documents of the range it does not name cost nothing — no call, no event, their status unchanged.
+The backfill is handed to the daemon with those runs to submit and every target partition counted as
+requested (the state Dagster's own daemon writes before it submits the runs it planned), so the
+daemon submits exactly them, follows their materializations and failures, and ends the backfill as
+it does its own. (The backfill's page counts the unnamed documents of a range among its requested
 partitions; each document's own status, under the asset, is exact.)
 """
 
@@ -39,6 +39,7 @@ from typing import Any
 
 import dagster as dg
 
+from ai_pipeline.defs.assets import DOCUMENTS_PER_BACKFILL_RUN
 from ai_pipeline.defs.dagster_private import (
     BULK_ACTION_TERMINAL_STATUSES,
     BulkActionsFilter,
@@ -51,6 +52,7 @@ from ai_pipeline.defs.jobs import range_tags
 from ai_pipeline.defs.partitions import naming_config
 from ai_pipeline.defs.site import ANALYSIS_TAG, DEFAULT_SITE, Site
 from ai_pipeline.failures import Category
+from ai_pipeline.settings import Settings
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline.store.rows import DocumentRow
@@ -174,6 +176,47 @@ def plan_runs(
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
+# The most documents one run of a backfill takes when the run size is left to the product: the
+# largest measured (10,000 documents in one wave of four runs, benchmarks/README.md). Creating a run
+# costs time in proportion to its documents, and a run that dies takes its documents with it.
+MAX_DOCUMENTS_PER_RUN = 2500
+
+
+def backfill_run_size(
+    documents: int,
+    run_slots: int | None,
+    llm_concurrency: int,
+    *,
+    most: int = MAX_DOCUMENTS_PER_RUN,
+) -> int:
+    """Documents per run so that a backfill's runs fill the run queue's ``run_slots``
+    (``max_concurrent_runs``) in one wave: ceil(documents / slots). A run takes at least
+    ``llm_concurrency`` documents (fewer cannot keep its LLM calls busy; more runs would only
+    add process starts) and at most ``most``; above ``most`` × slots, the runs come in full
+    waves of equal runs. A queue with no limit (or closed, or none) gives Dagster's planning
+    size, ``DOCUMENTS_PER_BACKFILL_RUN``."""
+    if run_slots is None or run_slots < 1:
+        return DOCUMENTS_PER_BACKFILL_RUN
+    if documents < 1:
+        return 1
+    waves = -(-documents // (run_slots * most))
+    size = -(-documents // (run_slots * waves))
+    return max(1, min(most, max(size, min(documents, llm_concurrency))))
+
+
+def planned_run_size(instance: dg.DagsterInstance, documents: int) -> int:
+    """The run size of a backfill of ``documents`` that this package plans: the
+    ``AI_PIPELINE_BACKFILL_RUN_SIZE`` override when set, else ``backfill_run_size`` from the
+    instance's run queue (``run_coordinator``'s ``max_concurrent_runs`` in ``dagster.yaml``) and
+    the runs' LLM concurrency."""
+    settings = Settings.load()
+    if settings.backfill_run_size is not None:
+        return settings.backfill_run_size
+    queue = instance.get_concurrency_config().run_queue_config
+    slots = queue.max_concurrent_runs if queue is not None else None
+    return backfill_run_size(documents, slots, settings.llm_concurrency)
+
+
 def run_request_for(
     documents: Sequence[str],
     position: Mapping[str, int],
@@ -202,14 +245,7 @@ def _with_planned_runs(
     """``backfill`` handed to the daemon with its runs planned (``plan_runs``): the daemon
     submits them as it resumes a backfill whose runs it had planned, and plans none itself."""
     keys = instance.get_dynamic_partitions(site.partitions)
-    policy = asset_graph.get(site.results_key).backfill_policy
-    run_size = (policy.max_partitions_per_run if policy else None) or len(document_ids)
-    # A few documents go in as many runs as there are run slots, not all in one run: each run
-    # calls the LLM only so many at a time.
-    queue = instance.get_concurrency_config().run_queue_config
-    slots = queue.max_concurrent_runs if queue is not None else None
-    if slots is not None and slots > 0:
-        run_size = min(run_size, -(-len(document_ids) // slots))
+    run_size = planned_run_size(instance, len(document_ids))
     position = {key: i for i, key in enumerate(keys)}
     check_keys = list(asset_graph.get_check_keys_for_assets(set(site.keys)))
     requests = [
@@ -307,6 +343,60 @@ def settled_status(
     ).value
 
 
+# The run statuses in which a run has begun its documents (or is over).
+_STARTED_OR_OVER = frozenset(
+    dg.DagsterRunStatus[name] for name in ("STARTED", "CANCELING", "SUCCESS", "FAILURE", "CANCELED")
+)
+
+
+def documents_settled_status(
+    instance: dg.DagsterInstance,
+    backfill_id: str,
+    ended_in: Callable[[list[str]], bool],
+    all_completed: Callable[[], bool],
+) -> str | None:
+    """The status a running backfill is bound to end in, as soon as its last document has
+    settled: every one of its documents ended (in the results store) in one of its runs, though
+    those runs may still be writing their last events and closing. It is ``settled_status`` once
+    they are over; before, it follows from the documents, as the runs' own outcome does — a run
+    fails when one of its documents failed — so ``all_completed`` (every document COMPLETED)
+    means COMPLETED_SUCCESS. None while a document is still to settle."""
+    runs = instance.get_runs(dg.RunsFilter(tags={DAGSTER_BACKFILL_TAG: backfill_id}))
+    # A run not yet begun still has its documents ahead of it: no need to ask the store.
+    if not runs or not all(r.status in _STARTED_OR_OVER for r in runs):
+        return None
+    if not ended_in([r.run_id for r in runs]):
+        return None
+    if all(r.is_finished for r in runs):
+        return settled_status(instance, backfill_id, ended_in)
+    succeeded = all_completed()
+    return (
+        BulkActionStatus.COMPLETED_SUCCESS if succeeded else BulkActionStatus.COMPLETED_FAILED
+    ).value
+
+
+def settled_once_runs_end(
+    instance: dg.DagsterInstance,
+    backfill_id: str,
+    ended_in: Callable[[list[str]], bool],
+    *,
+    timeout: float = 60.0,
+    poll: float = 0.5,
+) -> str | None:
+    """``settled_status``, after waiting (up to ``timeout``) for the runs of a backfill whose
+    documents have all settled to finish closing — a ``--wait`` returns before they do; None when
+    its documents have not all settled (the backfill still has work)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = settled_status(instance, backfill_id, ended_in)
+        if status is not None:
+            return status
+        settled = documents_settled_status(instance, backfill_id, ended_in, lambda: False)
+        if settled is None or time.monotonic() > deadline:
+            return None
+        time.sleep(poll)
+
+
 def wait_for_backfill(
     instance: dg.DagsterInstance,
     backfill_id: str,
@@ -315,11 +405,14 @@ def wait_for_backfill(
     poll: float = 2.0,
     on_poll: Callable[[], None] | None = None,
     ended_in: Callable[[list[str]], bool] | None = None,
+    all_completed: Callable[[], bool] | None = None,
 ) -> str:
     """Wait until the backfill is done (the daemon must be running); returns its final status.
     ``on_poll`` is called at every poll (to show progress). With ``ended_in`` (whether all the
     backfill's documents ended in these runs), it returns as soon as the work is done
-    (``settled_status``) instead of waiting for the daemon to record it."""
+    (``settled_status``) instead of waiting for the daemon to record it; with ``all_completed``
+    too, as soon as the last document has settled (``documents_settled_status``), before its run
+    has closed."""
     deadline = time.monotonic() + timeout
     while True:
         if on_poll is not None:
@@ -330,7 +423,11 @@ def wait_for_backfill(
         if backfill_ended(backfill):
             return str(backfill.status.value)
         if ended_in is not None and backfill.status == BulkActionStatus.REQUESTED:
-            settled = settled_status(instance, backfill_id, ended_in)
+            settled = (
+                settled_status(instance, backfill_id, ended_in)
+                if all_completed is None
+                else documents_settled_status(instance, backfill_id, ended_in, all_completed)
+            )
             if settled is not None:
                 return settled
         if time.monotonic() > deadline:

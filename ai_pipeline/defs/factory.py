@@ -13,9 +13,14 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from ai_pipeline.defs.assets import build_analysis_assets, build_failure_report
+from ai_pipeline.defs.assets import (
+    DOCUMENTS_PER_BACKFILL_RUN,
+    build_analysis_assets,
+    build_failure_report,
+)
 from ai_pipeline.defs.io_managers import ResultsIOManager
 from ai_pipeline.defs.jobs import build_jobs
+from ai_pipeline.defs.openai_batches import build_openai_batch_sensor
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.defs.schedules import build_nightly_retry_schedule
 from ai_pipeline.defs.sensors import build_sensors
@@ -28,7 +33,9 @@ class AtLoad:
     """The settings that shape definitions, read when the code location loads."""
 
     sensor_interval_seconds: int
-    backfill_run_size: int
+    batch_api_interval_seconds: int
+    # Documents per run of a backfill Dagster plans (one launched from the UI); None: its default.
+    backfill_run_size: int | None
     nightly_cron: str
     timezone: str
 
@@ -36,6 +43,7 @@ class AtLoad:
     def from_settings(cls, settings: Settings) -> AtLoad:
         return cls(
             sensor_interval_seconds=settings.sensor_interval_seconds,
+            batch_api_interval_seconds=settings.batch_api_interval_seconds,
             backfill_run_size=settings.backfill_run_size,
             nightly_cron=settings.nightly_cron,
             timezone=settings.timezone,
@@ -47,11 +55,14 @@ def site_definitions(site: Site, at_load: AtLoad) -> dg.Definitions:
     store = ResultsStore(database_url=site.database_url, analysis=site.analysis)
     return dg.Definitions(
         assets=[
-            build_analysis_assets(site, at_load.backfill_run_size),
+            build_analysis_assets(site, at_load.backfill_run_size or DOCUMENTS_PER_BACKFILL_RUN),
             build_failure_report(site),
         ],
         jobs=list(build_jobs(site)),
-        sensors=build_sensors(site, at_load.sensor_interval_seconds),
+        sensors=[
+            *build_sensors(site, at_load.sensor_interval_seconds),
+            build_openai_batch_sensor(site, interval_seconds=at_load.batch_api_interval_seconds),
+        ],
         schedules=[build_nightly_retry_schedule(at_load.nightly_cron, at_load.timezone, site)],
         resources={
             site.name("results_store"): store,

@@ -6,12 +6,11 @@ does shows in the UI like a sensor's runs:
 - ``register_inbox``: a folder's files become documents (``ai_pipeline.intake``) and partitions;
 - ``execute``: documents are analysed in this process, in range runs of the analysis job;
 - ``process_inbox``: both, for the documents not yet completed (``ai-pipeline run``, the demo);
-- ``submit_batch``: a folder as a named batch, analysed by a backfill the daemon runs;
-- ``backfill_failed``: a backfill of the failed documents a rerun can fix;
 - ``approve``: a reviewer's approval (``ai_pipeline.review``), then the document re-submitted.
 
-The code location's ``Definitions`` is handed in by the caller (the CLI imports
-``ai_pipeline.definitions``; nothing here does).
+Backfills and named batches go through a ``Launcher`` too (``ai_pipeline.defs.relaunch``). The code
+location's ``Definitions`` and the analysis's site in it are handed in by the caller (the CLI loads
+them: ``ai_pipeline.defs.location``).
 """
 
 from __future__ import annotations
@@ -30,10 +29,6 @@ import dagster as dg
 
 from ai_pipeline.defs.backfills import (
     DAGSTER_BACKFILL_TAG,
-    active_backfill,
-    launch_backfill,
-    plan_failed_backfill,
-    settled_status,
     wait_for_backfill,
 )
 from ai_pipeline.defs.jobs import range_tags
@@ -44,24 +39,22 @@ from ai_pipeline.defs.sensors import run_statuses
 from ai_pipeline.defs.site import DEFAULT_SITE, Site
 from ai_pipeline.documents import display_path
 from ai_pipeline.errors import InputError
-from ai_pipeline.failures import Category
 from ai_pipeline.inbox import list_files
 from ai_pipeline.intake import (
-    BATCH_TAG,
-    batch_key,
     contiguous_ranges,
     register_files,
     unique_in_order,
 )
 from ai_pipeline.progress import Progress
 from ai_pipeline.reconcile import RUN_OVER, reconcile
-from ai_pipeline.reporting import current_task_suffix, current_versions, status_report, stop_reason
+from ai_pipeline.reporting import status_report
 from ai_pipeline.review import approve as record_approval
 from ai_pipeline.settings import Settings
-from ai_pipeline.spend import BUDGET_TAG, Budget, batch_budget_key
+from ai_pipeline.spend import BUDGET_TAG, Budget
 from ai_pipeline.states import State
 from ai_pipeline.store import Store, open_store
 from ai_pipeline.store.rows import Decision, DocumentRow
+from ai_pipeline.tasks import SECTION_STEP_PREFIX
 from ai_pipeline.trace import trace
 
 QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
@@ -69,6 +62,23 @@ QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}
 
 def _silent(message: str) -> None:
     pass
+
+
+# A run of at most this many documents also shows how far its long documents are ("clause 4/12").
+SECTIONS_SHOWN_UP_TO = 10
+
+
+def _sections_line(store: Store, document_ids: Sequence[str]) -> str:
+    """`` · clause k/n`` for each running document cut into sections (as its analysis names
+    them), the one it is analysing next."""
+    sections = store.analysis.sections
+    label = sections.label if sections is not None else "section"
+    parts = []
+    for doc in store.documents.rows(document_ids):
+        if doc.state == State.RUNNING and doc.sections:
+            done = store.checkpoints.count_for(doc.document_id, SECTION_STEP_PREFIX)
+            parts.append(f"{label} {min(done + 1, doc.sections)}/{doc.sections}")
+    return "".join(f" · {p}" for p in parts)
 
 
 @dataclass(frozen=True)
@@ -81,7 +91,7 @@ class Registration:
     settling: list[str]
 
 
-def _failure(doc: DocumentRow) -> dict[str, Any]:
+def failure_of(doc: DocumentRow) -> dict[str, Any]:
     return {"category": doc.category.value if doc.category else None, "error": doc.last_error}
 
 
@@ -142,6 +152,8 @@ class Launcher:
 
         def show(final: bool) -> None:
             line = progress.line(store.documents.count_by_state(document_ids))
+            if not final and len(document_ids) <= SECTIONS_SHOWN_UP_TO:
+                line += _sections_line(store, document_ids)
             (self.progress if final else self.live)(line)
 
         return show
@@ -170,7 +182,7 @@ class Launcher:
             with contextlib.suppress(Exception):
                 show(True)
 
-    def _wait(
+    def wait(
         self,
         backfill_id: str,
         document_ids: Sequence[str],
@@ -178,8 +190,9 @@ class Launcher:
         targeted: Sequence[str] | None = None,
     ) -> str:
         """Wait for a backfill of ``targeted`` (default: ``document_ids``), showing the progress
-        of ``document_ids``; returns its final status as soon as its runs have ended every
-        targeted document, without waiting for the backfill daemon's next loop to record it."""
+        of ``document_ids``; returns the status it ends in as soon as its runs have settled every
+        targeted document in the results store, without waiting for those runs to close or the
+        backfill daemon's next loop to record it."""
         self.progress(f"waiting for backfill {backfill_id} (run by the daemon) …")
         show = self._watching(document_ids)
         targeted = list(document_ids if targeted is None else targeted)
@@ -187,8 +200,10 @@ class Launcher:
             self.instance,
             backfill_id,
             timeout=timeout,
+            poll=1.0,
             on_poll=lambda: show(False),
             ended_in=lambda run_ids: self.store.documents.ended_in(targeted, run_ids),
+            all_completed=lambda: self._all_completed(targeted),
         )
         # A document whose run died is not pending: it failed, retryably — also one its run
         # never started, before the reconcile sensor's next tick says so.
@@ -197,6 +212,10 @@ class Launcher:
         mark_failed_runs(self.instance, self.store, runs, self.site)
         show(True)
         return status
+
+    def _all_completed(self, document_ids: Sequence[str]) -> bool:
+        counts = self.store.documents.count_by_state(document_ids)
+        return counts.get(State.COMPLETED, 0) == len(set(document_ids))
 
     # --- processing --------------------------------------------------------------------------
 
@@ -349,189 +368,6 @@ class Launcher:
         report["reconciled"] = [i.document_id for i in interrupted]
         return report
 
-    # --- backfills and batches ---------------------------------------------------------------
-
-    def backfill_failed(
-        self,
-        *,
-        categories: Iterable[Category] | None = None,
-        since: datetime | None = None,
-        dry_run: bool = False,
-        wait: bool = False,
-        timeout: float = 1800,
-        budget: Budget | None = None,
-    ) -> dict[str, Any]:
-        """Plan (and unless ``dry_run`` launch) a backfill of the failed documents a rerun can fix.
-        With a budget, all the backfill's runs share it, and BUDGET_REACHED documents can be
-        selected (by category): without one they stay held."""
-        categories = list(categories or [])
-        plan = plan_failed_backfill(
-            self.instance,
-            self.store,
-            categories=categories,
-            since=since,
-            budgeted=budget is not None,
-            site=self.site,
-        )
-        out: dict[str, Any] = {
-            "dry_run": dry_run,
-            "selected": [c.as_dict() for c in plan.selected],
-            "skipped": [c.as_dict() for c in plan.skipped],
-            "backfill_id": None,
-            "budget": None,
-        }
-        if dry_run or not plan.selected:
-            return out
-        names = ", ".join(c.value for c in categories)
-        title = "failed documents" + (f" ({names})" if categories else "")
-        tags = {}
-        if budget is not None:
-            key = f"launch:{uuid.uuid4().hex}"
-            out["budget"] = self.store.spend.set_budget(
-                key, tokens=budget.tokens, usd=budget.usd
-            ).as_dict()
-            tags[BUDGET_TAG] = key
-        out["backfill_id"] = launch_backfill(
-            self.instance,
-            self._asset_graph(),
-            plan.document_ids,
-            title=title,
-            tags=tags,
-            site=self.site,
-        )
-        if wait:
-            out["status"] = self._wait(out["backfill_id"], plan.document_ids, timeout)
-            out.update(status_report(self.store, plan.document_ids))
-        return out
-
-    def backfill_stale(
-        self, *, dry_run: bool = False, wait: bool = False, timeout: float = 1800
-    ) -> dict[str, Any]:
-        """Plan (and unless ``dry_run`` launch) a backfill of the completed documents whose
-        analysis was made under another prompt version or model: their new task ids make new
-        calls, and the analyses they replace stay in the results history."""
-        version, model = current_versions(self.settings)
-        stale = self.store.results.stale(current_task_suffix(self.settings))
-        docs = {d.document_id: d for d in self.store.documents.rows(r.document_id for r in stale)}
-        selected = [
-            {
-                "document_id": r.document_id,
-                "source": docs[r.document_id].source,
-                "category": None,
-                "prompt_version": r.prompt_version,
-                "model": r.model,
-            }
-            for r in stale
-            if r.document_id in docs and docs[r.document_id].state == State.COMPLETED
-        ]
-        ids: list[str] = [str(d["document_id"]) for d in selected]
-        out: dict[str, Any] = {
-            "dry_run": dry_run,
-            "current": {"prompt_version": version, "model": model},
-            "selected": selected,
-            "skipped": [],
-            "backfill_id": None,
-        }
-        if dry_run or not ids:
-            return out
-        out["backfill_id"] = launch_backfill(
-            self.instance,
-            self._asset_graph(),
-            ids,
-            title=f"stale analyses (now prompt {version}, model {model})",
-            site=self.site,
-        )
-        if wait:
-            out["status"] = self._wait(out["backfill_id"], ids, timeout)
-            out.update(status_report(self.store, ids))
-        return out
-
-    def submit_batch(
-        self,
-        inbox: Path,
-        name: str,
-        *,
-        wait: bool = False,
-        timeout: float = 1800,
-        budget: Budget | None = None,
-    ) -> dict[str, Any]:
-        """Register a folder as a named batch and launch a backfill for what is pending. A budget
-        is the batch's: every run of it, at once or later, shares it; given again, it replaces
-        the limits (what was spent stays spent)."""
-        document_ids = self.register_inbox(inbox).document_ids
-        if not document_ids:
-            raise InputError(f"{display_path(inbox)} holds no files")
-        batch_id = batch_key(document_ids)
-        self.store.batches.save(batch_id, name, document_ids)
-        if budget is not None:
-            self.store.spend.set_budget(
-                batch_budget_key(batch_id), tokens=budget.tokens, usd=budget.usd
-            )
-        pending = self.not_done(document_ids)
-        out: dict[str, Any] = {
-            "pending_at_submit": len(pending),
-            "backfill_id": None,
-            "already_running": False,
-        }
-        running = (
-            active_backfill(
-                self.instance, BATCH_TAG, batch_id, analysis=self.settings.declaration.name
-            )
-            if pending
-            else None
-        )
-        if running and settled_status(
-            self.instance, running, lambda runs: self.store.documents.ended_in(pending, runs)
-        ):
-            # Its runs are over and ended every document still pending (a `--wait` may have
-            # returned on that already): only the daemon's record says running. A new backfill.
-            running = None
-        if running:
-            # The batch's backfill is still queued or running: it covers these documents.
-            out.update(backfill_id=running, already_running=True)
-            self.progress(
-                f"batch {name}: backfill {running} is still queued or running; nothing new launched"
-            )
-        elif pending:
-            out["backfill_id"] = launch_backfill(
-                self.instance,
-                self._asset_graph(),
-                pending,
-                title=f"batch {name}",
-                tags={BATCH_TAG: batch_id},
-                site=self.site,
-            )
-        if wait and out["backfill_id"]:
-            # A backfill found running covers the batch's pending documents as they were then.
-            targeted = None if out["already_running"] else pending
-            out["status"] = self._wait(out["backfill_id"], document_ids, timeout, targeted)
-        out.update(self.batch_summary(batch_id))
-        return out
-
-    def batch_summary(self, batch_id: str) -> dict[str, Any]:
-        """total / succeeded / failed / pending of a batch, and why each failed."""
-        batch = self.store.batches.get(batch_id)
-        if batch is None:
-            raise InputError(f"no batch {batch_id}")
-        ids = batch.document_ids
-        docs = {d.document_id: d for d in self.store.documents.rows(ids)}
-        budget = self.store.spend.budget(batch_budget_key(batch_id))
-        failed = [d for d in ids if docs[d].state in (State.FAILED, State.DEAD_LETTER)]
-        succeeded = [d for d in ids if docs[d].state == State.COMPLETED]
-        return {
-            "batch_id": batch_id,
-            "name": batch.name,
-            "total": len(ids),
-            "succeeded": len(succeeded),
-            "failed": len(failed),
-            "pending": len(ids) - len(succeeded) - len(failed),
-            "failed_ids": failed,
-            "failures": {d: _failure(docs[d]) for d in failed},
-            "stopped": stop_reason(docs.values()),
-            "spend": self.store.spend.total(ids).as_dict(),
-            "budget": budget.as_dict() if budget else None,
-        }
-
     # --- tracing -----------------------------------------------------------------------------
 
     def trace(self, any_id: str) -> dict[str, Any]:
@@ -599,5 +435,7 @@ class Launcher:
         ]
         return report
 
-    def _asset_graph(self) -> Any:
+    @property
+    def asset_graph(self) -> Any:
+        """The code location's asset graph (what a backfill is planned against)."""
         return self.definitions.get_repository_def().asset_graph

@@ -298,7 +298,8 @@ def build_nightly_report_sensor(site: Site = DEFAULT_SITE) -> dg.SensorDefinitio
     @dg.sensor(
         name=site.name("nightly_report_sensor"),
         job_name=site.report_job_name,
-        minimum_interval_seconds=60,
+        # One query a tick; the report follows the backfill's end by at most this much.
+        minimum_interval_seconds=20,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Builds the failure report once a nightly retry backfill has ended.",
     )

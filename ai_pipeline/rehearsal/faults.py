@@ -36,10 +36,16 @@ FAULT_KINDS = (
     "refuse",
     "hallucinate",
     "no_usage",
+    "expire",
 )
 # Faults that change what the model says rather than how the HTTP exchange goes ("no_usage"
-# answers normally but leaves ``usage`` out of the reply, as some compatible servers do).
-CONTENT_FAULTS = frozenset(FAULT_KINDS[3:-1])
+# answers normally but leaves ``usage`` out of the reply, as some compatible servers do; "expire"
+# leaves a batch line unanswered until its batch's window closes, and hangs a synchronous call
+# as "timeout" does).
+CONTENT_FAULTS = frozenset(
+    ("truncate", "invalid_json", "missing_field", "wrong_type", "low_confidence", "refuse")
+    + ("hallucinate",)
+)
 
 
 class FaultRule(BaseModel):
@@ -144,6 +150,12 @@ class SimulatorConfig:
     context_tokens: int | None = None
     # Report ``usage.prompt_tokens_details.cached_tokens`` (None: in OpenAI rules mode only).
     prompt_caching: bool | None = None
+    # The Batch API (``.batch_api``): how long a batch takes from create to completed, the
+    # window after which it expires with its unfinished lines (None: never, in a rehearsal),
+    # and how long a cancelled batch stays ``cancelling``.
+    batch_seconds: float = 0.0
+    batch_window_seconds: float | None = None
+    batch_cancel_seconds: float = 0.0
 
     @property
     def served_models(self) -> tuple[str, ...] | None:
@@ -163,6 +175,10 @@ class SimulatorConfig:
             raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
         if self.hang_seconds < 0:
             raise ValueError(f"hang_seconds must be >= 0, got {self.hang_seconds}")
+        for name in ("batch_seconds", "batch_window_seconds", "batch_cancel_seconds"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
         self.faults = [FaultRule.coerce(rule) for rule in self.faults]
         if self.models is not None:
             self.models = tuple(self.models)
@@ -206,6 +222,12 @@ class SimulatorState:
         # The document text of the newest requests, per Idempotency-Key (what the model saw).
         self._texts: OrderedDict[str, str] = OrderedDict()
         self._by_status: Counter[str] = Counter()
+        # Batch lines, counted apart from synchronous calls (they are not "requests to the
+        # chat endpoint"), per custom_id, and every call of every endpoint.
+        self._batch_lines_by_key: Counter[str] = Counter()
+        self._batch_tokens_by_key: Counter[str] = Counter()
+        self._batch_lines_by_status: Counter[str] = Counter()
+        self._by_endpoint: Counter[str] = Counter()
         self._requests: deque[dict[str, Any]] = deque(maxlen=MAX_RECORDED_REQUESTS)
         self._in_flight = 0
         self._peak_in_flight = 0
@@ -225,6 +247,11 @@ class SimulatorState:
                 "tokens_by_key": dict(self._tokens_by_key),
                 "tokens": sum(self._tokens_by_key.values()),
                 "by_status": dict(self._by_status),
+                "by_endpoint": dict(self._by_endpoint),
+                "batch_lines": sum(self._batch_lines_by_key.values()),
+                "batch_lines_by_key": dict(self._batch_lines_by_key),
+                "batch_tokens_by_key": dict(self._batch_tokens_by_key),
+                "batch_lines_by_status": dict(self._batch_lines_by_status),
                 "in_flight": self._in_flight,
                 "peak_in_flight": self._peak_in_flight,
                 "requests": [dict(record) for record in self._requests],
@@ -242,6 +269,10 @@ class SimulatorState:
             self._tokens_by_key.clear()
             self._texts.clear()
             self._by_status.clear()
+            self._batch_lines_by_key.clear()
+            self._batch_tokens_by_key.clear()
+            self._batch_lines_by_status.clear()
+            self._by_endpoint.clear()
             self._requests.clear()
             self._peak_in_flight = self._in_flight
         self.prompt_cache.clear()
@@ -282,9 +313,16 @@ class SimulatorState:
         return scheme.lower() == "bearer" and token.strip() in keys
 
     def admit(
-        self, key: str, authorized: bool, text: str | None, max_tokens: int | None = None
+        self,
+        key: str,
+        authorized: bool,
+        text: str | None,
+        max_tokens: int | None = None,
+        *,
+        batch: bool = False,
     ) -> _Admission:
-        """Count an arriving chat request and pick the fault rule that hits it, if any.
+        """Count an arriving chat request (or a batch line, keyed by its ``custom_id``) and pick
+        the fault rule that hits it, if any.
 
         Rules are chosen on arrival, in arrival order, so ``times`` and ``every`` mean the same
         thing however many requests run concurrently.
@@ -297,10 +335,15 @@ class SimulatorState:
             "max_tokens": max_tokens,
             "at": datetime.now(timezone.utc).isoformat(),
         }
+        if batch:
+            record["batch"] = True
         with self._lock:
-            self._total += 1
-            self._by_key[key] += 1
-            self._requests.append(record)
+            if batch:
+                self._batch_lines_by_key[key] += 1
+            else:
+                self._total += 1
+                self._by_key[key] += 1
+                self._requests.append(record)
             if text is not None:
                 self._texts[key] = text
                 self._texts.move_to_end(key)
@@ -325,18 +368,28 @@ class SimulatorState:
         with self._lock:
             return self._texts.get(key)
 
-    def add_usage(self, key: str, tokens: int) -> None:
-        """The tokens a reply reported (``usage.total_tokens``), per Idempotency-Key."""
+    def add_usage(self, key: str, tokens: int, *, batch: bool = False) -> None:
+        """The tokens a reply reported (``usage.total_tokens``), per Idempotency-Key (per
+        ``custom_id`` for a batch line)."""
         with self._lock:
-            self._tokens_by_key[key] += tokens
+            (self._batch_tokens_by_key if batch else self._tokens_by_key)[key] += tokens
 
-    def finish(self, record: dict[str, Any], status: int | None, fault: str | None = None) -> None:
-        """Record the outcome: an HTTP status, or None when the connection was reset."""
+    def count_endpoint(self, name: str) -> None:
+        """One call of an endpoint (``chat.completions``, ``files.create``, ``batches.list``…)."""
+        with self._lock:
+            self._by_endpoint[name] += 1
+
+    def finish(
+        self, record: dict[str, Any], status: int | str | None, fault: str | None = None
+    ) -> None:
+        """Record the outcome: an HTTP status, or None when the connection was reset (a batch
+        line: "expired" when its batch's window closed first)."""
         with self._lock:
             record["status"] = status
             if fault is not None:
                 record["fault"] = fault
-            self._by_status["reset" if status is None else str(status)] += 1
+            counter = self._batch_lines_by_status if record.get("batch") else self._by_status
+            counter["reset" if status is None else str(status)] += 1
 
     def _loop_objects(self) -> tuple[asyncio.Semaphore, asyncio.Event]:
         loop = asyncio.get_running_loop()

@@ -2,8 +2,10 @@
 
 What lives here:
 
-* :func:`create_app`, the Starlette app serving ``/v1/models``, ``/v1/chat/completions`` and the
-  control API under ``/_sim/`` (stats, reset, faults, api-keys); how it reads a request and what
+* :func:`create_app`, the Starlette app serving ``/v1/models``, ``/v1/chat/completions``, the
+  Batch API (``/v1/files``, ``/v1/batches``: :mod:`.batch_api`, each line answered as the chat
+  endpoint answers its body) and the control API under ``/_sim/`` (stats, reset, faults,
+  api-keys, batch-timing); how it reads a request and what
   its model replies (the analysis, or an answer to the request's JSON schema) comes from
   :mod:`.replies`, which faults it injects from :mod:`.faults`, and in OpenAI rules mode what it
   refuses, and the reasoning and cached tokens its usage reports, from :mod:`.openai_rules`;
@@ -11,8 +13,10 @@ What lives here:
   demo), :func:`serve`, which runs it in the foreground (the ``simulate-llm`` command), and
   :class:`SimulatorControl`, which drives a simulator running in another process over HTTP.
 
-Only chat completions are counted in the stats: listing models is not an LLM call, and counting
-it would blur "how often was this task sent to the model", which is what the counts are for.
+Only chat completions are counted in the stats' ``total`` and ``by_key``: listing models is not an
+LLM call, and counting it would blur "how often was this task sent to the model", which is what
+the counts are for. Batch lines are counted apart (``batch_lines_by_key``, by ``custom_id``), and
+every endpoint's calls in ``by_endpoint`` (``files.create``, ``batches.list``, …).
 The control API is unauthenticated on purpose: the simulator is a local rehearsal tool.
 """
 
@@ -21,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterable
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -35,11 +39,13 @@ from starlette.routing import Route
 
 from ai_pipeline.rehearsal import openai_rules
 from ai_pipeline.rehearsal.analysis import estimate_tokens
+from ai_pipeline.rehearsal.batch_api import APIError, BatchAPI
 from ai_pipeline.rehearsal.faults import (
     CONTENT_FAULTS,
     FaultRule,
     SimulatorConfig,
     SimulatorState,
+    _Admission,
 )
 from ai_pipeline.rehearsal.replies import (
     DOCUMENT_END,
@@ -76,6 +82,10 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------
 
 
+# The Batch API's timing, as ``POST /_sim/batch-timing`` sets it (``BatchAPI`` attributes).
+TIMING = ("seconds", "window_seconds", "cancel_seconds")
+
+
 def _error_body(message: str, type_: str, code: str | None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": None, "code": code}}
 
@@ -96,11 +106,23 @@ _STATUS_ERRORS: dict[int, tuple[str, str | None, str]] = {
 
 
 def _status_error(status: int, note: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    answer = _status_answer(status, note, headers)
+    return JSONResponse(answer.body, status_code=status, headers=answer.headers)
+
+
+@dataclass(frozen=True)
+class ChatAnswer:
+    """A chat request's answer: its status and body (status None: the connection is dropped)."""
+
+    status: int | None
+    body: dict[str, Any] | None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _status_answer(status: int, note: str, headers: dict[str, str] | None = None) -> ChatAnswer:
     default_type = "server_error" if status >= 500 else "invalid_request_error"
     type_, code, message = _STATUS_ERRORS.get(status, (default_type, None, "Request failed."))
-    return JSONResponse(
-        _error_body(f"{message} ({note})", type_, code), status_code=status, headers=headers
-    )
+    return ChatAnswer(status, _error_body(f"{message} ({note})", type_, code), dict(headers or {}))
 
 
 def _within_limit(reply: Reply, thinking: int, limit: int | None) -> tuple[Reply, int]:
@@ -120,8 +142,14 @@ def _within_limit(reply: Reply, thinking: int, limit: int | None) -> tuple[Reply
 
 
 def create_app(config: SimulatorConfig) -> Starlette:
-    """The simulator's ASGI app; its :class:`SimulatorState` is ``app.state.simulator``."""
+    """The simulator's ASGI app; its :class:`SimulatorState` is ``app.state.simulator``, its
+    :class:`BatchAPI` ``app.state.batches``."""
     state = SimulatorState(config)
+    batches = BatchAPI(
+        seconds=config.batch_seconds,
+        window_seconds=config.batch_window_seconds,
+        cancel_seconds=config.batch_cancel_seconds,
+    )
 
     served = config.served_models
 
@@ -166,68 +194,110 @@ def create_app(config: SimulatorConfig) -> Starlette:
             return openai_rules.model_error(model)
         return openai_rules.check_request(chat.body, chat.messages) if config.openai_rules else None
 
-    async def chat_completions(request: Request) -> Response:
-        key = request.headers.get("idempotency-key", "")
-        authorized = state.is_authorized(request.headers.get("authorization"))
-        chat = parse_chat_request(await request.body())
+    async def answer_chat(
+        key: str,
+        authorized: bool,
+        chat: ChatRequest,
+        rules_error: openai_rules.RequestError | None,
+        admission: _Admission,
+        *,
+        stall: Callable[[], Awaitable[None]] | None,
+        batch: bool = False,
+    ) -> ChatAnswer:
+        """What a chat request is answered, once admitted: the one answer of both the
+        synchronous endpoint and each line of a batch. ``stall`` is how a timeout fault holds
+        the request (None: it fails as a gateway timeout instead, as nobody waits on a line)."""
+        record, rule = admission.record, admission.rule
+        note = f"simulated by fault rule #{admission.rule_index}"
+        if not authorized:
+            state.finish(record, 401)
+            return _status_answer(401, "the simulator does not accept this key")
+        if chat.error is not None or chat.text is None:
+            state.finish(record, 400)
+            body = _error_body(chat.error or "Bad request.", "invalid_request_error", None)
+            return ChatAnswer(400, body)
+        if rules_error is not None:
+            state.finish(record, rules_error.status)
+            return ChatAnswer(rules_error.status, rules_error.body())
+        fault_header = {"x-simulator-fault": rule.kind} if rule else {}
+        if rule is not None and rule.kind == "status":
+            headers = dict(fault_header)
+            if rule.retry_after is not None:
+                headers["retry-after"] = retry_after_header(rule.retry_after)
+            state.finish(record, rule.status)
+            return _status_answer(rule.status, note, headers)
+        if rule is not None and rule.kind == "reset":
+            state.finish(record, None)
+            return ChatAnswer(None, None, fault_header)
+        if rule is not None and rule.kind == "expire" and stall is None:
+            # A line the batch never reaches before its window closes.
+            state.finish(record, "expired")
+            return ChatAnswer(None, None, fault_header)
+        if rule is not None and rule.kind in ("timeout", "expire"):
+            if stall is None:
+                state.finish(record, 504)
+                return _status_answer(504, note, fault_header)
+            await stall()
+
+        fault = rule.kind if rule is not None and rule.kind in CONTENT_FAULTS else None
+        reply = compose_reply(chat.text, chat.schema, fault)
+        thinking = 0
+        if config.openai_rules and chat.model and openai_rules.is_reasoning_model(chat.model):
+            thinking = openai_rules.reasoning_tokens(chat.text)
+        reply, thinking = _within_limit(reply, thinking, chat.max_tokens)
+        state.finish(record, 200, reply.builtin_fault)
+        with_usage = rule is None or rule.kind != "no_usage"
+        body, request_id = _completion(key, chat, reply, thinking, with_usage, batch)
+        return ChatAnswer(200, body, {"x-request-id": request_id, **fault_header})
+
+    def admit_chat(
+        key: str, authorized: bool, raw: bytes, *, batch: bool = False
+    ) -> tuple[ChatRequest, openai_rules.RequestError | None, _Admission]:
+        """Read a chat request and count its arrival (choosing the fault rule that hits it)."""
+        chat = parse_chat_request(raw)
         rules_error = refused(chat) if chat.error is None else None
         # A refused request reaches no model: no fault rule is spent on it.
         text = chat.text if rules_error is None else None
-        admission = state.admit(key, authorized, text, chat.max_tokens)
-        record, rule = admission.record, admission.rule
-        note = f"simulated by fault rule #{admission.rule_index}"
+        return chat, rules_error, state.admit(key, authorized, text, chat.max_tokens, batch=batch)
 
+    async def chat_completions(request: Request) -> Response:
+        state.count_endpoint("chat.completions")
+        key = request.headers.get("idempotency-key", "")
+        authorized = state.is_authorized(request.headers.get("authorization"))
+        chat, rules_error, admission = admit_chat(key, authorized, await request.body())
         async with state.capacity():
             if config.latency_ms:
                 await asyncio.sleep(config.latency_ms / 1000)
+            answer = await answer_chat(
+                key, authorized, chat, rules_error, admission, stall=state.hang
+            )
+        if answer.status is None:
+            return ConnectionReset()
+        return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
 
-            if not authorized:
-                state.finish(record, 401)
-                return _status_error(401, "the simulator does not accept this key")
-            if chat.error is not None or chat.text is None:
-                state.finish(record, 400)
-                return JSONResponse(
-                    _error_body(chat.error or "Bad request.", "invalid_request_error", None),
-                    status_code=400,
-                )
-            if rules_error is not None:
-                state.finish(record, rules_error.status)
-                return JSONResponse(rules_error.body(), status_code=rules_error.status)
-            fault_header = {"x-simulator-fault": rule.kind} if rule else {}
-            if rule is not None and rule.kind == "status":
-                headers = dict(fault_header)
-                if rule.retry_after is not None:
-                    headers["retry-after"] = retry_after_header(rule.retry_after)
-                state.finish(record, rule.status)
-                return _status_error(rule.status, note, headers)
-            if rule is not None and rule.kind == "reset":
-                state.finish(record, None)
-                return ConnectionReset()
-            if rule is not None and rule.kind == "timeout":
-                await state.hang()
-
-            fault = rule.kind if rule is not None and rule.kind in CONTENT_FAULTS else None
-            reply = compose_reply(chat.text, chat.schema, fault)
-            thinking = 0
-            if config.openai_rules and chat.model and openai_rules.is_reasoning_model(chat.model):
-                thinking = openai_rules.reasoning_tokens(chat.text)
-            reply, thinking = _within_limit(reply, thinking, chat.max_tokens)
-            state.finish(record, 200, reply.builtin_fault)
-            with_usage = rule is None or rule.kind != "no_usage"
-            return _completion(key, chat, reply, thinking, fault_header, with_usage)
+    async def answer_line(custom_id: str, raw: bytes) -> ChatAnswer:
+        """One line of a batch, answered as the synchronous endpoint answers its body."""
+        chat, rules_error, admission = admit_chat(custom_id, True, raw, batch=True)
+        answer = await answer_chat(
+            custom_id, True, chat, rules_error, admission, stall=None, batch=True
+        )
+        if answer.status is None and answer.headers.get("x-simulator-fault") == "reset":
+            # A dropped connection, for a line: the server's error.
+            return _status_answer(500, "the connection was reset", answer.headers)
+        return answer
 
     def _completion(
         key: str,
         chat: ChatRequest,
         reply: Reply,
         thinking: int,
-        headers: dict[str, str],
-        with_usage: bool = True,
-    ) -> JSONResponse:
+        with_usage: bool,
+        batch: bool,
+    ) -> tuple[dict[str, Any], str]:
         said = [(str(m.get("role", "")), message_text(m.get("content"))) for m in chat.messages]
         prompt_tokens = sum(estimate_tokens(text) for _, text in said)
         completion = completion_tokens(reply) + thinking
-        state.add_usage(key, prompt_tokens + completion)
+        state.add_usage(key, prompt_tokens + completion, batch=batch)
         request_id = uuid.uuid4().hex
         model = chat.model or config.model
         usage: dict[str, Any] = {
@@ -246,30 +316,118 @@ def create_app(config: SimulatorConfig) -> Starlette:
                 "rejected_prediction_tokens": 0,
             }
         message = {"role": "assistant", "content": reply.content, "refusal": reply.refusal}
-        return JSONResponse(
-            {
-                "id": f"chatcmpl-sim-{request_id}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": model + config.served_model_suffix,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": message,
-                        "logprobs": None,
-                        "finish_reason": reply.finish_reason,
-                    }
-                ],
-                **({"usage": usage} if with_usage else {}),
-            },
-            headers={"x-request-id": request_id, **headers},
+        body = {
+            "id": f"chatcmpl-sim-{request_id}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model + config.served_model_suffix,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": reply.finish_reason,
+                }
+            ],
+            **({"usage": usage} if with_usage else {}),
+        }
+        return body, request_id
+
+    def batch_endpoint(
+        name: str, handler: Callable[[Request], Awaitable[Any]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """A Batch API route: counted, authorized, its APIError answered as OpenAI does."""
+
+        async def route(request: Request) -> Response:
+            state.count_endpoint(name)
+            if not state.is_authorized(request.headers.get("authorization")):
+                return _status_error(401, "the simulator does not accept this key")
+            try:
+                result = await handler(request)
+            except APIError as e:
+                return JSONResponse(e.body(), status_code=e.status)
+            return result if isinstance(result, Response) else JSONResponse(result)
+
+        return route
+
+    async def upload_file(request: Request) -> Any:
+        form = await request.form()
+        upload, purpose = form.get("file"), form.get("purpose")
+        if upload is None or isinstance(upload, str) or not isinstance(purpose, str):
+            raise APIError(400, "a multipart form with 'file' and 'purpose' is required", "file")
+        data = await upload.read()
+        return batches.upload(upload.filename or "upload.jsonl", purpose, data)
+
+    async def list_files(request: Request) -> Any:
+        data = batches.files(request.query_params.get("purpose"))
+        return {"object": "list", "data": data, "has_more": False}
+
+    async def retrieve_file(request: Request) -> Any:
+        return batches.file(request.path_params["file_id"]).card()
+
+    async def file_content(request: Request) -> Any:
+        stored = batches.file(request.path_params["file_id"])
+        return Response(stored.data, media_type="application/octet-stream")
+
+    async def create_batch(request: Request) -> Any:
+        try:
+            body = await request.json()
+        except ValueError as e:
+            raise APIError(400, "The request body is not valid JSON.") from e
+        if not isinstance(body, dict) or not isinstance(body.get("input_file_id"), str):
+            raise APIError(400, "input_file_id is required", "input_file_id")
+        return await batches.create(
+            body["input_file_id"],
+            str(body.get("endpoint")),
+            str(body.get("completion_window")),
+            body.get("metadata"),
+            answer_line,
         )
+
+    async def list_batches(request: Request) -> Any:
+        try:
+            limit = int(request.query_params.get("limit", 20))
+        except ValueError as e:
+            raise APIError(400, "limit must be an integer", "limit") from e
+        return batches.page(request.query_params.get("after"), limit)
+
+    async def retrieve_batch(request: Request) -> Any:
+        return batches.retrieve(request.path_params["batch_id"])
+
+    async def cancel_batch(request: Request) -> Any:
+        return batches.cancel(request.path_params["batch_id"])
+
+    async def batch_timing(request: Request) -> Response:
+        if request.method == "POST":
+            try:
+                body = await request.json()
+                if not isinstance(body, dict):
+                    raise ValueError('expected {"seconds", "window_seconds", "cancel_seconds"}')
+                timing = {k: body[k] for k in TIMING if k in body}
+                for name, value in timing.items():
+                    number = isinstance(value, int | float) and not isinstance(value, bool)
+                    # Only the window may be null (never expires).
+                    if not (number and value >= 0) and not (value is None and name == TIMING[1]):
+                        raise ValueError(f"{name} must be a number >= 0")
+            except ValueError as exc:
+                return JSONResponse(_error_body(str(exc), "invalid_request_error", None), 400)
+            for name, value in timing.items():
+                setattr(batches, name, value)
+        return JSONResponse({name: getattr(batches, name) for name in TIMING})
 
     async def get_stats(request: Request) -> Response:
         return JSONResponse(state.stats())
 
-    async def post_reset(request: Request) -> Response:
+    def reset() -> None:
         state.reset()
+        batches.clear(
+            seconds=config.batch_seconds,
+            window_seconds=config.batch_window_seconds,
+            cancel_seconds=config.batch_cancel_seconds,
+        )
+
+    async def post_reset(request: Request) -> Response:
+        reset()
         return JSONResponse({"ok": True})
 
     async def faults(request: Request) -> Response:
@@ -317,6 +475,31 @@ def create_app(config: SimulatorConfig) -> Starlette:
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/files", batch_endpoint("files.create", upload_file), methods=["POST"]),
+            Route("/v1/files", batch_endpoint("files.list", list_files), methods=["GET"]),
+            Route(
+                "/v1/files/{file_id}",
+                batch_endpoint("files.retrieve", retrieve_file),
+                methods=["GET"],
+            ),
+            Route(
+                "/v1/files/{file_id}/content",
+                batch_endpoint("files.content", file_content),
+                methods=["GET"],
+            ),
+            Route("/v1/batches", batch_endpoint("batches.create", create_batch), methods=["POST"]),
+            Route("/v1/batches", batch_endpoint("batches.list", list_batches), methods=["GET"]),
+            Route(
+                "/v1/batches/{batch_id}",
+                batch_endpoint("batches.retrieve", retrieve_batch),
+                methods=["GET"],
+            ),
+            Route(
+                "/v1/batches/{batch_id}/cancel",
+                batch_endpoint("batches.cancel", cancel_batch),
+                methods=["POST"],
+            ),
+            Route("/_sim/batch-timing", batch_timing, methods=["GET", "POST"]),
             Route("/_sim/stats", get_stats, methods=["GET"]),
             Route("/_sim/reset", post_reset, methods=["POST"]),
             Route("/_sim/faults", faults, methods=["GET", "POST"]),
@@ -326,6 +509,8 @@ def create_app(config: SimulatorConfig) -> Starlette:
         exception_handlers={404: not_found, 405: not_found},
     )
     app.state.simulator = state
+    app.state.batches = batches
+    app.state.reset = reset
     return app
 
 
@@ -345,6 +530,8 @@ class SimulatorServer(BackgroundServer):
         self.config = config or SimulatorConfig()
         app = create_app(self.config)
         self.state: SimulatorState = app.state.simulator
+        self.batches: BatchAPI = app.state.batches
+        self._reset: Callable[[], None] = app.state.reset
         # Hanging requests are released first, so that stopping takes no time.
         super().__init__(app, host, port, on_shutdown=self.state.release_hangs)
 
@@ -370,13 +557,33 @@ class SimulatorServer(BackgroundServer):
         return self.state.text_for(key)
 
     def reset(self) -> None:
-        self.state.reset()
+        """Counters, files and batches cleared, the batch timing as configured."""
+        self._reset()
 
     def set_faults(self, faults: Iterable[FaultRule | dict[str, Any]]) -> None:
         self.state.set_faults(faults)
 
     def set_api_keys(self, keys: Iterable[str] | None) -> None:
         self.state.set_api_keys(keys)
+
+    def calls_to(self, endpoint: str) -> int:
+        """How many calls an endpoint had (``batches.create``, ``files.create``, …)."""
+        return int(self.stats()["by_endpoint"].get(endpoint, 0))
+
+    def set_batch_timing(
+        self,
+        *,
+        seconds: float | None = None,
+        window_seconds: float | None = None,
+        cancel_seconds: float | None = None,
+    ) -> None:
+        """How batches created from now on behave (see :mod:`.batch_api`); the window is
+        replaced even when None (never expires)."""
+        if seconds is not None:
+            self.batches.seconds = seconds
+        self.batches.window_seconds = window_seconds
+        if cancel_seconds is not None:
+            self.batches.cancel_seconds = cancel_seconds
 
 
 def serve(config: SimulatorConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
@@ -428,3 +635,20 @@ class SimulatorControl:
 
     def set_api_keys(self, keys: Iterable[str] | None) -> None:
         self._call("POST", "api-keys", {"api_keys": None if keys is None else sorted(keys)})
+
+    def calls_to(self, endpoint: str) -> int:
+        return int(self.stats()["by_endpoint"].get(endpoint, 0))
+
+    def set_batch_timing(
+        self,
+        *,
+        seconds: float | None = None,
+        window_seconds: float | None = None,
+        cancel_seconds: float | None = None,
+    ) -> None:
+        timing: dict[str, float | None] = {"window_seconds": window_seconds}
+        if seconds is not None:
+            timing["seconds"] = seconds
+        if cancel_seconds is not None:
+            timing["cancel_seconds"] = cancel_seconds
+        self._call("POST", "batch-timing", timing)

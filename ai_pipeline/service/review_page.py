@@ -126,6 +126,7 @@ def build_review_router(
         now = time.time()
         html = _templates.get_template("review.html").render(
             base=prefix,
+            analysis=store.analysis.name,
             items=[_row(store, item, secret, now) for item in items],
             categories=sorted({c.value for c in Category if c.needs_person}),
             selected=wanted.value if wanted else "",

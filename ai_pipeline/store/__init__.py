@@ -10,6 +10,7 @@ kind of thing stored:
 ``events``          failure events (every classification) and each document's history
 ``reviews``         the review queue, reviewers' overrides, quarantined outputs, the outbox
 ``batches``         named sets of documents submitted together
+``openai_batches``  jobs of OpenAI's Batch API and the state of each task (line) they carry
 ``leases``          which run works on which task now: one owner per task
 ``tasks``           tasks submitted over HTTP and the tenant each belongs to
 ``spend``           the usage and cost of every LLM attempt; budgets reserved before each call
@@ -38,6 +39,7 @@ from ai_pipeline.store.database import DEFAULT_RETRY_SECONDS, Database, normalis
 from ai_pipeline.store.documents import Documents
 from ai_pipeline.store.events import Events
 from ai_pipeline.store.leases import Leases
+from ai_pipeline.store.openai_batches import OpenAIBatches
 from ai_pipeline.store.results import Results
 from ai_pipeline.store.reviews import Reviews
 from ai_pipeline.store.secrets import Secrets
@@ -71,6 +73,7 @@ class Store:
         self.events = Events(self.db)
         self.reviews = Reviews(self.db)
         self.batches = Batches(self.db)
+        self.openai_batches = OpenAIBatches(self.db)
         self.leases = Leases(self.db)
         self.tasks = TenantTasks(self.db, self.documents)
         self.spend = Spend(self.db)

@@ -130,6 +130,100 @@ def _totals(row: Any) -> Totals:
     return Totals(int(row[0]), int(row[1]), int(row[2]), float(row[3]), int(row[4]), int(row[5]))
 
 
+def record_usage(
+    conn: Connection,
+    usage: Usage,
+    keys: Sequence[str] = (),
+    reserved_tokens: int = 0,
+    reserved_usd: float = 0.0,
+) -> None:
+    """Record an attempt's usage on ``conn`` (in the caller's transaction: a Batch API line's
+    usage is recorded in the one that marks the line answered), moving its reservation into
+    what each budget of ``keys`` spent."""
+    now = utcnow()
+    conn.execute(
+        sa.insert(llm_usage).values(
+            task_id=usage.task_id,
+            document_id=usage.document_id,
+            step=usage.step,
+            run_id=usage.run_id,
+            model=usage.model,
+            outcome=usage.outcome,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
+            cost_usd=usage.cost_usd,
+            created_at=now,
+        )
+    )
+    if keys:
+        conn.execute(
+            sa.update(budgets)
+            .where(budgets.c.key.in_(list(keys)))
+            .values(
+                reserved_tokens=budgets.c.reserved_tokens - reserved_tokens,
+                reserved_usd=budgets.c.reserved_usd - reserved_usd,
+                spent_tokens=budgets.c.spent_tokens + usage.tokens,
+                spent_usd=budgets.c.spent_usd + usage.cost_usd,
+                updated_at=now,
+            )
+        )
+
+
+class BudgetRefused(Exception):
+    """A reservation would take the budget ``key`` past its limit (raised in the caller's
+    transaction, which then reserves nothing anywhere)."""
+
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def reserve_in(conn: Connection, keys: Sequence[str], tokens: int, usd: float) -> None:
+    """Reserve an estimate against every budget of ``keys`` on ``conn``, each in one conditional
+    UPDATE; raises BudgetRefused for the first that it would exceed."""
+    now = utcnow()
+    for key in keys:
+        fits = sa.and_(
+            budgets.c.key == key,
+            sa.or_(
+                budgets.c.limit_tokens.is_(None),
+                budgets.c.spent_tokens + budgets.c.reserved_tokens + tokens
+                <= budgets.c.limit_tokens,
+            ),
+            sa.or_(
+                budgets.c.limit_usd.is_(None),
+                budgets.c.spent_usd + budgets.c.reserved_usd + usd <= budgets.c.limit_usd,
+            ),
+        )
+        taken = conn.execute(
+            sa.update(budgets)
+            .where(fits)
+            .values(
+                reserved_tokens=budgets.c.reserved_tokens + tokens,
+                reserved_usd=budgets.c.reserved_usd + usd,
+                updated_at=now,
+            )
+        ).rowcount
+        if not taken:
+            raise BudgetRefused(key)
+
+
+def release_in(conn: Connection, keys: Sequence[str], tokens: int, usd: float) -> None:
+    """Give back a reservation nothing was spent against (a request that never went out)."""
+    if keys and (tokens or usd):
+        conn.execute(
+            sa.update(budgets)
+            .where(budgets.c.key.in_(list(keys)))
+            .values(
+                reserved_tokens=budgets.c.reserved_tokens - tokens,
+                reserved_usd=budgets.c.reserved_usd - usd,
+                updated_at=utcnow(),
+            )
+        )
+
+
 class Spend:
     def __init__(self, db: Database):
         self.db = db
@@ -177,41 +271,9 @@ class Spend:
         the budget it would exceed (and nothing is reserved anywhere)."""
         if not keys:
             return None
-
-        class Refused(Exception):
-            def __init__(self, key: str):
-                self.key = key
-
-        def take(conn: Connection) -> None:
-            now = utcnow()
-            for key in keys:
-                fits = sa.and_(
-                    budgets.c.key == key,
-                    sa.or_(
-                        budgets.c.limit_tokens.is_(None),
-                        budgets.c.spent_tokens + budgets.c.reserved_tokens + tokens
-                        <= budgets.c.limit_tokens,
-                    ),
-                    sa.or_(
-                        budgets.c.limit_usd.is_(None),
-                        budgets.c.spent_usd + budgets.c.reserved_usd + usd <= budgets.c.limit_usd,
-                    ),
-                )
-                taken = conn.execute(
-                    sa.update(budgets)
-                    .where(fits)
-                    .values(
-                        reserved_tokens=budgets.c.reserved_tokens + tokens,
-                        reserved_usd=budgets.c.reserved_usd + usd,
-                        updated_at=now,
-                    )
-                ).rowcount
-                if not taken:
-                    raise Refused(key)  # rolls the whole transaction back
-
         try:
-            self.db.write(take)
-        except Refused as refused:
+            self.db.write(lambda conn: reserve_in(conn, keys, tokens, usd))
+        except BudgetRefused as refused:
             return self.budget(refused.key)
         return None
 
@@ -219,39 +281,7 @@ class Spend:
         self, keys: Sequence[str], reserved_tokens: int, reserved_usd: float, usage: Usage
     ) -> None:
         """Record an attempt's usage, and move its reservation into what each budget spent."""
-
-        def record(conn: Connection) -> None:
-            now = utcnow()
-            conn.execute(
-                sa.insert(llm_usage).values(
-                    task_id=usage.task_id,
-                    document_id=usage.document_id,
-                    step=usage.step,
-                    run_id=usage.run_id,
-                    model=usage.model,
-                    outcome=usage.outcome,
-                    prompt_tokens=usage.prompt_tokens,
-                    completion_tokens=usage.completion_tokens,
-                    cached_tokens=usage.cached_tokens,
-                    reasoning_tokens=usage.reasoning_tokens,
-                    cost_usd=usage.cost_usd,
-                    created_at=now,
-                )
-            )
-            if keys:
-                conn.execute(
-                    sa.update(budgets)
-                    .where(budgets.c.key.in_(list(keys)))
-                    .values(
-                        reserved_tokens=budgets.c.reserved_tokens - reserved_tokens,
-                        reserved_usd=budgets.c.reserved_usd - reserved_usd,
-                        spent_tokens=budgets.c.spent_tokens + usage.tokens,
-                        spent_usd=budgets.c.spent_usd + usage.cost_usd,
-                        updated_at=now,
-                    )
-                )
-
-        self.db.write(record)
+        self.db.write(lambda conn: record_usage(conn, usage, keys, reserved_tokens, reserved_usd))
 
     # --- what was spent ----------------------------------------------------------------------
 

@@ -20,6 +20,9 @@
 - ``tenant_tasks``, ``tenant_uploads``, ``tenant_requests``: tasks submitted over HTTP, whose each
   is, the original bytes of a submitted PDF, and each tenant's requests per minute.
 - ``service_secrets``: secrets every process of a deployment shares (the review forms' signing key).
+- ``openai_batches``, ``openai_batch_lines``: jobs of OpenAI's Batch API (one per uploaded request
+  file: our intent, its file, the remote batch, its status and counts) and each task a job carries
+  (its line's state). Not to be confused with ``batches``, named sets of submitted documents.
 """
 
 from typing import Any
@@ -306,5 +309,66 @@ budgets = sa.Table(
     sa.Column("spent_tokens", sa.Integer, nullable=False, default=0),
     sa.Column("spent_usd", sa.Float, nullable=False, default=0.0),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+# A job of OpenAI's Batch API, recorded as an intent before anything is uploaded (``intent_id``,
+# ours, also the remote batch's metadata key), then its file and its batch as they become known.
+openai_batches = sa.Table(
+    "openai_batches",
+    metadata,
+    sa.Column("intent_id", sa.String(64), primary_key=True),
+    sa.Column("model", sa.String(128), nullable=False),
+    sa.Column("endpoint", sa.String(64), nullable=False),
+    sa.Column("task_count", sa.Integer, nullable=False),
+    # sha256 of the request file as uploaded: an upload that a crash left unrecorded is found by it.
+    sa.Column("content_hash", sa.String(64), nullable=False, index=True),
+    sa.Column("content_bytes", sa.BigInteger, nullable=False),
+    sa.Column("file_id", sa.String(128), nullable=True),
+    sa.Column("batch_id", sa.String(128), nullable=True, unique=True),
+    # planned, uploaded, then the remote status (validating … completed, failed, expired,
+    # cancelled), then ingested when every line is settled; abandoned when it never went out.
+    sa.Column("status", sa.String(16), nullable=False, index=True),
+    # The remote batch's own status when last seen (kept once the job is ingested: completed,
+    # failed, expired or cancelled).
+    sa.Column("remote_status", sa.String(16), nullable=True),
+    sa.Column("request_total", sa.Integer, nullable=True),
+    sa.Column("request_completed", sa.Integer, nullable=True),
+    sa.Column("request_failed", sa.Integer, nullable=True),
+    sa.Column("output_file_id", sa.String(128), nullable=True),
+    sa.Column("error_file_id", sa.String(128), nullable=True),
+    sa.Column("error", sa.Text, nullable=True),
+    # The budgets its lines reserved against (at the batch price), and the completion limit its
+    # lines carry under them (None: no budget; the limit the model's settings give).
+    sa.Column("budget_keys", sa.JSON, nullable=True),
+    sa.Column("completion_cap", sa.Integer, nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("submitted_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("ended_at", sa.DateTime(timezone=True), nullable=True),
+)
+
+# The tasks of a Batch API job, one line each. ``open_task_id`` is the task id while the job may
+# still answer it (NULL once its line is settled or the job is over): unique, so a task is in at
+# most one open job at a time on either backend.
+openai_batch_lines = sa.Table(
+    "openai_batch_lines",
+    metadata,
+    sa.Column("intent_id", sa.String(64), primary_key=True),
+    # Indexed on its own too: a task's lines in every job are looked up by it.
+    sa.Column("task_id", sa.String(128), primary_key=True, index=True),
+    sa.Column("ordinal", sa.Integer, nullable=False),
+    sa.Column("document_id", sa.String(64), nullable=False, index=True),
+    sa.Column("step", sa.String(32), nullable=False),
+    sa.Column("open_task_id", sa.String(128), nullable=True, unique=True),
+    # pending, answered (its checkpoint stored), failed (an error line: category, status),
+    # expired (batch_expired), unanswered (the job ended without a line for it).
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("category", sa.String(32), nullable=True),
+    sa.Column("status_code", sa.Integer, nullable=True),
+    sa.Column("error", sa.Text, nullable=True),
+    # What the line reserved of its job's budgets until it is settled (0: none).
+    sa.Column("reserved_tokens", sa.Integer, nullable=False, default=0, server_default="0"),
+    sa.Column("reserved_usd", sa.Float, nullable=False, default=0.0, server_default="0"),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
 )

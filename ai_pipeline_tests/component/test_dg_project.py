@@ -125,3 +125,12 @@ def test_a_declaration_that_cannot_work_names_the_field(project: tuple[Path, Pat
     out = checked.stdout + checked.stderr
     assert checked.returncode != 0, out
     assert "confidence_field: Ticket.summary is not a number" in out, out
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "support_desk"
+
+
+def test_the_example_project_checks(tmp_path: Path) -> None:
+    """examples/support_desk, a team's project with its own ticket triage, loads as it stands."""
+    checked = dg(EXAMPLE, tmp_path / "home", "check", "defs")
+    assert checked.returncode == 0, checked.stdout + checked.stderr

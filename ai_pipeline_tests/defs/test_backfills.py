@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -31,10 +32,17 @@ import pytest
 from ai_pipeline.cli import main
 from ai_pipeline.defs import launch
 from ai_pipeline.defs.assets import ANALYSIS_KEYS, ANALYSIS_RESULTS, LLM_ANALYSIS
-from ai_pipeline.defs.backfills import backfill_id_for
+from ai_pipeline.defs.backfills import (
+    backfill_id_for,
+    backfill_run_size,
+    launch_backfill,
+    plan_runs,
+    planned_run_size,
+    wait_for_backfill,
+)
 from ai_pipeline.defs.checks import CHECK_SPECS
 from ai_pipeline.defs.dagster_private import BulkActionStatus
-from ai_pipeline.defs.partitions import documents_partitions
+from ai_pipeline.defs.partitions import add_partitions, documents_partitions, named_in
 from ai_pipeline.defs.resources import ResultsStore
 from ai_pipeline.defs.run_ends import run_documents
 from ai_pipeline.defs.schedules import NIGHTLY_TAG
@@ -449,9 +457,10 @@ def test_submit_wait_returns_when_its_runs_end_and_a_resubmission_launches_at_on
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Under Dagster's own 30 s backfill loop: ``submit --wait`` returns as soon as its run has
-    ended the pending document (failed again), while the backfill is still recorded REQUESTED;
-    submitting again at once launches a new backfill (the first one's work is over) instead of
-    waiting for the first; the daemon then records for each the status the command printed."""
+    settled the pending document (failed again), while the backfill is still recorded REQUESTED;
+    submitting again at once launches a new backfill (the first one's work is over, its run
+    closed) instead of waiting for the first; the daemon then records for each the status the
+    command printed."""
     seeded = seed(tmp_path, simulator, count=3, network=(1,), low_confidence=())
     (failing,) = seeded.network
     submit = ("submit", str(seeded.inbox), "--batch", "b", "--wait", "--json")
@@ -586,6 +595,7 @@ def test_nightly_tick_backfills_then_reports(
         return event is not None and event.timestamp >= ended_at and event
 
     event = wait_for(daemon, "the failure report", report_after_backfill, DEADLINE_SECONDS)
+    print(f"the report {event.timestamp - ended_at:.1f} s after the backfill's end")
 
     assert states(seeded.ids) == {i: ("COMPLETED", None) for i in seeded.ids} | {
         low: ("FAILED", "LOW_CONFIDENCE"),
@@ -731,3 +741,114 @@ def test_resubmitting_a_batch_whose_backfill_is_queued_launches_nothing(
     assert third["already_running"] is False
     assert third["backfill_id"] not in (None, first["backfill_id"])
     assert len(instance.get_backfills()) == 2
+
+
+# --- 5. the run size and the end of a wait --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("documents", "slots", "concurrency", "size", "runs"),
+    [
+        (1000, 4, 8, 250, 4),  # one wave: ceil(1,000 / 4)
+        (10_000, 4, 4, 2500, 4),
+        (10_001, 4, 4, 1251, 8),  # above 4 × 2,500: two full waves of equal runs
+        (50, 4, 4, 13, 4),  # 50 scattered failures
+        (6, 4, 8, 6, 1),  # too few to keep four runs' calls busy: one run
+        (1000, None, 8, 100, 10),  # no run queue: the size Dagster plans UI backfills with
+        (1000, 0, 8, 100, 10),  # a closed queue
+    ],
+)
+def test_backfill_run_size_fills_the_run_slots_in_one_wave(
+    documents: int, slots: int | None, concurrency: int, size: int, runs: int
+) -> None:
+    """The run size of a planned backfill is ceil(documents / max_concurrent_runs), so that its
+    runs start in one wave; at least the runs' LLM concurrency, at most 2,500 a run."""
+    assert backfill_run_size(documents, slots, concurrency) == size
+    ids = [f"{i:016x}" for i in range(documents)]
+    assert len(plan_runs(ids, ids, size)) == runs
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the queue's config, not storage
+def test_a_launched_backfill_takes_its_run_size_from_max_concurrent_runs(
+    instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the checkout's dagster.yaml (``max_concurrent_runs: 4``) and no
+    AI_PIPELINE_BACKFILL_RUN_SIZE, 40 documents are planned as four runs of ten, one wave; the
+    setting, when given, is the run size."""
+    from ai_pipeline.definitions import defs
+
+    monkeypatch.delenv("AI_PIPELINE_BACKFILL_RUN_SIZE", raising=False)
+    monkeypatch.setenv("AI_PIPELINE_LLM_CONCURRENCY", "8")
+    queue = instance.get_concurrency_config().run_queue_config
+    assert queue is not None and queue.max_concurrent_runs == 4
+    ids = [f"{i:016x}" for i in range(40)]
+    add_partitions(instance, ids)
+    graph = defs.get_repository_def().asset_graph
+
+    def planned(name: str) -> list[int]:
+        backfill = instance.get_backfill(launch_backfill(instance, graph, ids, title=name))
+        assert backfill is not None
+        return [len(covered_by(r, ids)) for r in backfill.submitting_run_requests]
+
+    assert planned_run_size(instance, len(ids)) == 10
+    assert planned("auto") == [10, 10, 10, 10]
+    monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "25")
+    assert planned("override") == [25, 15]
+
+
+def covered_by(request: dg.RunRequest, keys: list[str]) -> list[str]:
+    """The documents of a planned run: those its config names, else its whole range of ``keys``."""
+    named = named_in(request.run_config)
+    if named is not None:
+        return sorted(named)
+    start = keys.index(request.tags["dagster/asset_partition_range_start"])
+    return keys[start : keys.index(request.tags["dagster/asset_partition_range_end"]) + 1]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the wait knows no backend
+def test_wait_returns_when_the_last_document_settles_not_when_its_run_closes(
+    instance: dg.DagsterInstance, tmp_path: Path
+) -> None:
+    """``--wait``'s wait returns, with the status the backfill will end in, as soon as its last
+    document has settled in the results store, while its run is still STARTED (closing) and
+    the backfill still recorded REQUESTED — not when the run ends, nor at the daemon's next loop;
+    until then it waits."""
+    from ai_pipeline.definitions import defs
+
+    inbox = make_inbox(tmp_path / "inbox", {f"d{i}.txt": sample_text(i) for i in range(3)})
+    ids = launcher(instance).register_inbox(inbox).document_ids
+    backfill_id = launch_backfill(instance, defs.get_repository_def().asset_graph, ids, title="t")
+    run = dg.DagsterRun(
+        job_name="analysis_job",
+        run_id=str(uuid.uuid4()),
+        status=dg.DagsterRunStatus.STARTED,
+        tags={"dagster/backfill": backfill_id},
+    )
+    instance.add_run(run)
+    store = results_store()
+    for document in ids:
+        store.documents.transition(document, State.RUNNING, through=State.QUEUED, run_id=run.run_id)
+
+    def wait(timeout: float) -> str:
+        return wait_for_backfill(
+            instance,
+            backfill_id,
+            timeout=timeout,
+            poll=0.05,
+            ended_in=lambda runs: store.documents.ended_in(ids, runs),
+            all_completed=lambda: store.documents.count_by_state(ids) == {State.COMPLETED: 3},
+        )
+
+    for document in ids[:-1]:
+        store.documents.transition(document, State.COMPLETED)
+    with pytest.raises(TimeoutError):
+        wait(0.3)  # the last document is still RUNNING
+    store.documents.transition(ids[-1], State.COMPLETED)
+    started = time.monotonic()
+
+    assert wait(30) == "COMPLETED_SUCCESS"
+
+    assert time.monotonic() - started < 2
+    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED  # type: ignore[union-attr]
+    recorded = instance.get_backfill(backfill_id)
+    assert recorded is not None and recorded.status == BulkActionStatus.REQUESTED

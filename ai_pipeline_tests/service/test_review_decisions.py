@@ -36,6 +36,8 @@ def review_forms(url: str) -> dict[str, dict[str, str]]:
     "token": token}, as a browser would read them."""
     page = httpx.get(f"{url}/review", auth=OPERATOR, timeout=30)
     assert page.status_code == 200, page.text
+    # The queue names the analysis whose documents it holds.
+    assert "<h1>Review queue <small>document_analysis</small></h1>" in page.text
     forms: dict[str, dict[str, str]] = {}
     for action, token in re.findall(
         r'<form method="post" action="([^"]+)">\s*<input type="hidden" name="token" '

@@ -1,0 +1,98 @@
+"""``ai-pipeline``: run, watch and rehearse the pipeline from a terminal.
+
+Commands are thin — parse, call one function of the application layer, print — one module per
+group: ``process`` (demo, run, status), ``backfill`` (backfill, requeue), ``review``, ``batches``
+(submit, batch, report), ``serve`` (the submission service), ``rehearsal`` (simulate-llm, receive-webhooks). Commands that process
+documents go through Dagster against the project's instance (``DAGSTER_HOME``), so what they do
+shows in the Dagster UI exactly like a sensor's runs.
+
+Exit codes: 0 success, 1 some documents failed, 2 a usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from ai_pipeline.cli import backfill, batches, process, rehearsal, review, serve
+from ai_pipeline.cli.common import EXIT_USAGE
+from ai_pipeline.errors import InputError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ai-pipeline",
+        description="Idempotent, retry-safe LLM analysis of document collections on Dagster.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group in (process, backfill, review, batches, serve):
+        group.add_commands(sub)
+    # Every command of the pipeline works on one analysis; the rehearsal tools on none.
+    for command in sub.choices.values():
+        command.add_argument(
+            "--analysis",
+            metavar="NAME",
+            help="the analysis to work on: a built-in's name (document_analysis, "
+            "contract_review) or a Declaration's import path (default: AI_PIPELINE_ANALYSIS, "
+            "else document_analysis)",
+        )
+    rehearsal.add_commands(sub)
+    return parser
+
+
+@contextmanager
+def _analysis(name: str | None) -> Iterator[None]:
+    """The analysis a command works on, as the settings it fixes, for this command only.
+
+    With ``AI_PIPELINE_DEFINITIONS`` (a project's code location) the analysis is one of that
+    location's — ``--analysis`` names it, else the first — and its own settings (its results
+    database, its inbox) are the command's. Otherwise ``--analysis`` overrides
+    ``AI_PIPELINE_ANALYSIS``.
+    """
+    from ai_pipeline.declaration import DeclarationError
+
+    location = os.environ.get("AI_PIPELINE_DEFINITIONS")
+    if name is None and not location:
+        yield
+        return
+    try:
+        fixed = {"AI_PIPELINE_ANALYSIS": name}
+        if location:
+            from ai_pipeline.defs.location import load_definitions
+            from ai_pipeline.defs.site import site_named
+
+            site = site_named(load_definitions(location), name)
+            fixed = {
+                "AI_PIPELINE_ANALYSIS": site.declaration.name,
+                "AI_PIPELINE_DATABASE_URL": site.database_url,
+                "AI_PIPELINE_INBOX": site.inbox,
+            }
+        else:
+            from ai_pipeline.analyses import resolve
+
+            resolve(str(name))
+    except DeclarationError as e:
+        raise InputError(f"--analysis: {e}") from None
+    before = {k: os.environ.get(k) for k in fixed}
+    os.environ.update({k: v for k, v in fixed.items() if v is not None})
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with _analysis(getattr(args, "analysis", None)):
+            return int(args.func(args))
+    except InputError as e:  # usage, configuration, a request that does not fit: one line
+        print(f"ai-pipeline: error: {e}", file=sys.stderr)
+        return EXIT_USAGE

@@ -1,0 +1,134 @@
+"""Rerunning what failed: ``backfill --failed`` and ``requeue`` (out of the dead letter)."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ai_pipeline.cli.common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    add_budget_flags,
+    add_output_flags,
+    add_wait_flags,
+    budget_of,
+    categories,
+    exit_code,
+    launcher,
+    print_json,
+    print_table,
+    store,
+    user,
+)
+from ai_pipeline.failures import Category
+
+NEEDS_PERSON = ", ".join(c.value for c in Category if c.needs_person)
+
+
+def _since(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError as e:
+        raise UsageError(f"--since {value!r} is not an ISO date or time (e.g. 2026-11-28)") from e
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    if args.failed == args.stale:
+        raise UsageError("say what to backfill: --failed or --stale (one of them)")
+    if args.stale and (args.category or args.since or budget_of(args)):
+        raise UsageError(
+            "--category, --since and --budget-* are for failed documents: use them with --failed"
+        )
+    if args.stale:
+        out = launcher(args).backfill_stale(
+            dry_run=args.dry_run, wait=args.wait, timeout=args.timeout
+        )
+    else:
+        out = launcher(args).backfill_failed(
+            categories=categories(args.category),
+            since=_since(args.since),
+            dry_run=args.dry_run,
+            wait=args.wait,
+            timeout=args.timeout,
+            budget=budget_of(args),
+        )
+    if args.json:
+        print_json(out)
+    else:
+        verb = "would rerun" if args.dry_run else "rerunning"
+        print(f"{verb} {len(out['selected'])} documents; {len(out['skipped'])} left out")
+        for d in out["selected"]:
+            print(f"  + {d['document_id']}  {d['category'] or '-':<20} {Path(d['source']).name}")
+        for d in out["skipped"]:
+            print(f"  - {d['document_id']}  {d['skipped']}")
+        if out["backfill_id"]:
+            print(f"backfill {out['backfill_id']} launched (the daemon runs it; see Backfills)")
+        if "status" in out:
+            print(f"backfill {out['backfill_id']}: {out['status']}")
+            print_table(out)
+    return exit_code(out) if "status" in out else EXIT_OK
+
+
+def cmd_requeue(args: argparse.Namespace) -> int:
+    from ai_pipeline.engine import requeue
+
+    s = store()
+    code = EXIT_OK
+    for document_id in args.documents:
+        try:
+            requeued = requeue(s, document_id, by=args.by)
+        except KeyError:
+            print(f"ai-pipeline: {document_id}: no such document")
+            code = EXIT_USAGE
+            continue
+        if requeued:
+            print(f"{document_id}: requeued (attempts reset); the next backfill picks it up")
+        else:
+            doc = s.documents.get(document_id)
+            state = doc.state.value if doc else "unknown"
+            print(f"{document_id}: {state}, not in the dead letter; left as it is")
+    return code
+
+
+def add_commands(sub: Any) -> None:
+    p = sub.add_parser(
+        "backfill",
+        help="rerun failed (or stale) documents as a Dagster backfill",
+        description="Select documents that failed (in Dagster or here), by category and time, and "
+        "launch a real Dagster backfill for them (the daemon runs it; it shows on the UI's "
+        f"Backfills page). By default the categories that need a person are left out "
+        f"({NEEDS_PERSON}), and so are BUDGET_REACHED ones unless selected by --category with "
+        "a budget (--budget-tokens/--budget-usd, shared by all the backfill's runs); DEAD_LETTER "
+        "documents always are. --stale selects instead the "
+        "completed documents analysed under another prompt version or model than now: each "
+        "makes one new call, and its earlier analysis is kept in the results history.",
+    )
+    p.add_argument("--failed", action="store_true", help="select failed documents")
+    p.add_argument(
+        "--stale",
+        action="store_true",
+        help="select documents analysed under another prompt version or model",
+    )
+    p.add_argument("--category", action="append", metavar="C", help="only this category")
+    p.add_argument("--since", metavar="T", help="only documents that failed at or after T (ISO)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, launch nothing")
+    add_budget_flags(p, "the backfill (all its runs together)")
+    add_wait_flags(p, "the backfill")
+    add_output_flags(p)
+    p.set_defaults(func=cmd_backfill)
+
+    p = sub.add_parser(
+        "requeue",
+        help="take documents out of the dead letter",
+        description="Move DEAD_LETTER documents back to QUEUED with their attempts reset, so that "
+        "the next backfill (the CLI's or the nightly schedule's) picks them up.",
+    )
+    p.add_argument("documents", nargs="+", metavar="DOC", help="document ids")
+    p.add_argument("--by", default=user(), help="who requeues (default: $USER)")
+    p.set_defaults(func=cmd_requeue)

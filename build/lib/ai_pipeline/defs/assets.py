@@ -1,0 +1,384 @@
+"""The assets: the analysis stages of every document (one multi-asset), and the failure report.
+
+``analyse_documents`` covers a range of ``documents`` partitions per run (sensor runs, CLI runs and
+backfills alike; a single document is a range of one) and analyses its documents concurrently
+(``ai_pipeline.batch``). Dagster would mark the whole range materialized if the step returned
+outputs, so instead, per document and stage, the step yields an ``AssetMaterialization`` once that
+stage's checkpoint is durable, and an ``AssetCheckEvaluation`` for each check of the LLM output. If
+any document failed, the step ends by raising ``Failure`` listing each failed document and its
+category: Dagster then shows FAILED for exactly those documents, from the stage that failed on.
+When run creation wrote one planned event per asset rather than one per
+document (``DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS``), the step first writes the failed
+documents' per-partition planned events itself (``_mark_failed``), which that status rests on.
+
+``failure_report`` reads every document's results row through the results IO manager and reports
+counts by state and category, failures by day, tokens and cost.
+"""
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from ai_pipeline import tracing
+from ai_pipeline.batch import run_batch
+from ai_pipeline.defs.checks import check_evaluations, check_specs
+from ai_pipeline.defs.dagster_private import (
+    planned_events_per_partition,
+    report_planned_materialization,
+)
+from ai_pipeline.defs.io_managers import ResultsIOManager
+from ai_pipeline.defs.logs import run_log
+from ai_pipeline.defs.partitions import NAMED_DOCUMENTS, named_by
+from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
+from ai_pipeline.defs.runs import run_is_over
+from ai_pipeline.defs.site import ANALYSIS_TAG, DEFAULT_SITE, Site
+from ai_pipeline.engine import STAGES, Analyser, StageDeferred, StageDone, StageFailed
+from ai_pipeline.intake import BATCH_TAG
+from ai_pipeline.notify import Notifier
+from ai_pipeline.reporting import build_report, chart_png, to_markdown
+from ai_pipeline.spend import Meter, Prices, run_budgets
+
+# The keys of the product's own code location (one analysis, no prefix).
+ANALYSIS_KEYS = DEFAULT_SITE.keys
+DOCUMENT_TEXT, LLM_ANALYSIS, VALIDATED_ANALYSIS, ANALYSIS_RESULTS, COMPLETION_NOTICE = ANALYSIS_KEYS
+GROUP = DEFAULT_SITE.group
+# A backfill's documents per run, unless AI_PIPELINE_BACKFILL_RUN_SIZE says otherwise when the
+# code location loads (``with_backfill_run_size``).
+DOCUMENTS_PER_BACKFILL_RUN = 100
+
+_DESCRIPTIONS = {
+    "document_text": "The document's normalised text, read from the file it arrived as.",
+    "llm_analysis": "The LLM's reply for the document (checkpointed per task id: paid for once).",
+    "validated_analysis": "The reply that passed every check: schema, confidence, refusal, grounding.",
+    "analysis_results": "One upserted row per document in the results table.",
+    "completion_notice": "The completion notice POSTed to the webhook, exactly once "
+    "(Idempotency-Key: its task id); skipped when AI_PIPELINE_WEBHOOK_URL is unset.",
+}
+
+
+def _specs(site: Site) -> list[dg.AssetSpec]:
+    # What the analysis depends on: a new version (or declaration) is new code for these stages.
+    version = site.declaration.tag()
+    specs = []
+    for i, stage in enumerate(STAGES):
+        spec = dg.AssetSpec(
+            site.key(stage),
+            deps=[site.key(STAGES[i - 1])] if i else [],
+            description=_DESCRIPTIONS[stage],
+            group_name=site.group,
+            skippable=True,
+            partitions_def=site.partitions_def,
+            kinds={"sql"} if stage == "analysis_results" else {"python"},
+            code_version=None if stage == "document_text" else version,
+            tags={ANALYSIS_TAG: site.declaration.name},
+        )
+        if stage == "analysis_results":
+            spec = spec.with_io_manager_key(site.name("results_io_manager"))
+        specs.append(spec)
+    return specs
+
+
+def build_analysis_assets(
+    site: Site, run_size: int = DOCUMENTS_PER_BACKFILL_RUN
+) -> dg.AssetsDefinition:
+    """The analysis stages of ``site``'s analysis, as one multi-asset over its documents."""
+
+    @dg.multi_asset(
+        name=site.op,
+        specs=_specs(site),
+        check_specs=check_specs(site),
+        can_subset=True,
+        partitions_def=site.partitions_def,
+        backfill_policy=dg.BackfillPolicy.multi_run(run_size),
+        # A run may name the documents of its range it works on (``ai_pipeline.defs.partitions``).
+        config_schema={NAMED_DOCUMENTS: dg.Field([str], is_required=False)},
+        required_resource_keys={
+            site.name(k) for k in ("results_store", "llm", "settings", "results_io_manager")
+        },
+    )
+    def analyse(context: dg.AssetExecutionContext) -> Iterator[Any]:
+        """Read, analyse, check and store every document of the run's partition range."""
+        resources = context.resources
+        yield from _analyse(
+            context,
+            site,
+            results_store=getattr(resources, site.name("results_store")),
+            llm=getattr(resources, site.name("llm")),
+            settings=getattr(resources, site.name("settings")),
+            results_io_manager=getattr(resources, site.name("results_io_manager")),
+        )
+
+    return analyse
+
+
+def _analyse(
+    context: dg.AssetExecutionContext,
+    site: Site,
+    *,
+    results_store: ResultsStore,
+    llm: LLMResource,
+    settings: PipelineSettings,
+    results_io_manager: ResultsIOManager,
+) -> Iterator[Any]:
+    # Every stage runs for every document whatever the selection (each is checkpointed, so a
+    # stage already done costs nothing), and every stage that completed is reported: a backfill
+    # of analysis_results alone then also clears the upstream stages' FAILED status.
+    selected_checks = set(context.selected_asset_check_keys)
+    # A run may name the documents of its range it works on (a batched backfill of scattered
+    # documents): the others are left as they are, no call and no event.
+    named = named_by(context.op_execution_context.op_config)
+    document_ids = sorted(k for k in context.partition_keys if named is None or k in named)
+    tracing.configure_from_env()
+    config = settings.resolve()
+    notifier = None
+    if config.webhook_url:
+        notifier = Notifier(config.webhook_url)
+    else:
+        context.log.info("no webhook configured (AI_PIPELINE_WEBHOOK_URL): no notices sent")
+    store = results_store.get()
+    budgets = run_budgets(
+        store,
+        context.run.tags,
+        run_id=context.run.run_id,
+        batch_id=context.run.tags.get(BATCH_TAG),
+        tokens=config.run_budget_tokens,
+        usd=config.run_budget_usd,
+    )
+    meter = Meter(
+        store,
+        Prices.of(config),
+        run_id=context.run.run_id,
+        budget_keys=budgets,
+        completion_reserve=config.completion_reserve_tokens,
+    )
+    analyser = Analyser(
+        store,
+        llm.client(meter=meter),
+        results_io_manager,
+        log=run_log(
+            context.log, context.run.tags, run_id=context.run.run_id, json_path=config.json_log
+        ),
+        run_id=context.run.run_id,
+        min_confidence=config.min_confidence,
+        notifier=notifier,
+        retry_budget=config.retry_budget,
+        lease_seconds=config.lease_seconds,
+        claim_wait_seconds=config.claim_wait_seconds,
+        section_chars=config.section_chars,
+    )
+    analyser.claims.owner_over = run_is_over(context.instance)
+    context.log.info(
+        f"analysing {len(document_ids)} documents with {analyser.llm.model} "
+        f"({analyser.analysis.name} {analyser.analysis.tag()})"
+    )
+    failed: dict[str, StageFailed] = {}
+    elsewhere: dict[str, StageDeferred] = {}
+    for done, (document_id, events) in enumerate(run_batch(analyser, document_ids), 1):
+        for event in events:
+            if isinstance(event, StageFailed):
+                failed[document_id] = event
+            elif isinstance(event, StageDeferred):
+                elsewhere[document_id] = event
+            else:
+                yield from _report(context, site, event, selected_checks)
+        if done % 25 == 0 or done == len(document_ids):
+            context.log.info(
+                f"{done}/{len(document_ids)} documents processed, {len(failed)} failed"
+            )
+    tracing.flush()
+    spent = store.spend.for_run(context.run.run_id)
+    spend_line = (
+        f"spent in this run: {spent.tokens:,} tokens over {spent.attempts} LLM attempts, "
+        f"${spent.cost_usd:.4f}"
+    )
+    for key in budgets:
+        state = store.spend.budget(key)
+        if state is not None:
+            spend_line += f"; budget {state.describe()}"
+    context.log.info(spend_line)
+    if site.checked_key in context.selected_asset_keys:
+        # The run's totals where the UI shows an asset's history: one observation per run.
+        yield dg.AssetObservation(
+            asset_key=site.checked_key,
+            metadata={
+                "run_id": context.run.run_id,
+                "run_cost_usd": dg.MetadataValue.float(round(spent.cost_usd, 6)),
+                "run_tokens": dg.MetadataValue.int(spent.tokens),
+                "run_llm_attempts": dg.MetadataValue.int(spent.attempts),
+                "spend": dg.MetadataValue.text(spend_line),
+            },
+        )
+    if elsewhere:
+        # Neither done nor failed here: the run that holds each reports it.
+        context.log.warning(
+            f"{len(elsewhere)} documents were in progress in other runs and were left to them: "
+            + ", ".join(f"[TASK:{d.task_id}] in {d.holder}" for _, d in sorted(elsewhere.items()))
+        )
+    stopped = [f for f in failed.values() if f.category.stops_run]
+    if stopped:
+        # The run's settings are wrong: one message says which; the documents are left as they
+        # were in the results database (QUEUED, no attempt counted, nobody's review).
+        circuit = analyser.llm.circuit
+        reason = circuit.message if circuit is not None else stopped[0].error
+        _mark_failed(context, site, {d: f for d, f in failed.items() if not f.category.stops_run})
+        raise dg.Failure(
+            description=f"the run stopped ({stopped[0].category.value}): {reason}",
+            metadata={
+                "category": dg.MetadataValue.text(stopped[0].category.value),
+                "reason": dg.MetadataValue.text(reason),
+                "documents_left_as_they_were": dg.MetadataValue.int(len(stopped)),
+                "failed": dg.MetadataValue.int(len(failed) - len(stopped)),
+                "spend": dg.MetadataValue.text(spend_line),
+            },
+            allow_retries=False,
+        )
+    if failed:
+        _mark_failed(context, site, failed)
+        raise dg.Failure(
+            description=f"{len(failed)} of {len(document_ids)} documents failed:\n"
+            + "\n".join(
+                f"[TASK:{f.task_id}] {f.category.value} at {f.stage}: {f.error}"
+                for _, f in sorted(failed.items())
+            ),
+            metadata={
+                "spend": dg.MetadataValue.text(spend_line),
+                "cost_usd": dg.MetadataValue.float(round(spent.cost_usd, 6)),
+                "tokens": dg.MetadataValue.int(spent.tokens),
+                **{
+                    d: dg.MetadataValue.text(f"{f.category.value} at {f.stage}: {f.error}"[:1000])
+                    for d, f in sorted(failed.items())
+                },
+            },
+            allow_retries=False,
+        )
+
+
+def with_backfill_run_size(assets: dg.AssetsDefinition, size: int) -> dg.AssetsDefinition:
+    """The analysis assets with backfills cut into runs of ``size`` documents: a daemon-launched
+    run pays a process start and a code import, so larger runs pay it less often."""
+    return assets.with_attributes(backfill_policy=dg.BackfillPolicy.multi_run(size))
+
+
+def _mark_failed(
+    context: dg.AssetExecutionContext, site: Site, failed: dict[str, StageFailed]
+) -> None:
+    """Make Dagster show FAILED for exactly the failed documents, from the stage each failed at.
+
+    Dagster derives a partition's FAILED status from a planned event with no materialization in
+    a failed run. When run creation wrote one planned event per asset and run (the fast way), the
+    step writes the per-partition ones itself, for the failed documents only; when it wrote one
+    per partition (the default), there is nothing to add.
+    """
+    if planned_events_per_partition(context.instance):
+        return
+    step_key = context.get_step_execution_context().step.key
+    selected = context.selected_asset_keys
+    for document_id, failure in sorted(failed.items()):
+        for stage in STAGES[STAGES.index(failure.stage) :]:
+            if site.key(stage) in selected:
+                report_planned_materialization(
+                    context.instance, context.run, step_key, site.key(stage), document_id
+                )
+
+
+def _report(
+    context: dg.AssetExecutionContext,
+    site: Site,
+    event: StageDone,
+    selected_checks: set[dg.AssetCheckKey],
+) -> Iterator[Any]:
+    asset_key = site.key(event.stage)
+    yield dg.AssetMaterialization(
+        asset_key=asset_key,
+        partition=event.document_id,
+        metadata={k: v for k, v in event.metadata.items() if v is not None},
+    )
+    yield from check_evaluations(
+        context.instance, asset_key, event.document_id, event.checks, selected_checks
+    )
+
+
+# What the results IO manager loads for the report: a pandas DataFrame, checked by its type's name
+# so that loading the code location (every sensor tick's code server, every run worker) does not
+# import pandas for a report it may never build.
+RESULTS_FRAME = dg.DagsterType(
+    name="ResultsDataFrame",
+    description="A pandas DataFrame: one row per document of the results table.",
+    type_check_fn=lambda _context, value: type(value).__name__ == "DataFrame",
+)
+
+
+def build_failure_report(site: Site) -> dg.AssetsDefinition:
+    """The failure report of ``site``'s analysis."""
+
+    @dg.asset(
+        key=site.key("failure_report"),
+        ins={
+            "analysis_results": dg.AssetIn(
+                site.results_key,
+                partition_mapping=dg.AllPartitionMapping(),
+                dagster_type=RESULTS_FRAME,
+            )
+        },
+        group_name=site.group,
+        kinds={"pandas"},
+        description="Counts by state and category, failures by day, success rate, tokens and cost.",
+        required_resource_keys={site.name("results_store")},
+    )
+    def failure_report(
+        context: dg.AssetExecutionContext, analysis_results: Any
+    ) -> dg.MaterializeResult:
+        return _failure_report(
+            context, getattr(context.resources, site.name("results_store")), analysis_results
+        )
+
+    return failure_report
+
+
+def _failure_report(
+    context: dg.AssetExecutionContext, results_store: ResultsStore, analysis_results: Any
+) -> dg.MaterializeResult:
+    report = build_report(results_store.get(), analysis_results)
+    png = chart_png(report)
+    chart_path = Path(context.instance.root_directory) / "reports" / "failure_report.png"
+    chart_path.parent.mkdir(parents=True, exist_ok=True)
+    chart_path.write_bytes(png)
+    chart = (
+        "![documents by state and failures by category]"
+        f"(data:image/png;base64,{base64.b64encode(png).decode()})"
+    )
+    return dg.MaterializeResult(
+        metadata={
+            "report": dg.MetadataValue.md(to_markdown(report)),
+            "chart": dg.MetadataValue.md(chart),
+            "chart_file": dg.MetadataValue.path(str(chart_path)),
+            "documents": report["documents"],
+            "success_rate": report["success_rate"],
+            "failed": sum(v for k, v in report["by_state"].items() if k != "COMPLETED"),
+            "estimated_cost_usd": report["estimated_cost_usd"],
+            "tokens": report["tokens"]["prompt"] + report["tokens"]["completion"],
+            # Every attempt, failed and repeated ones included (the usage of each reply).
+            "spent_usd": report["spend"]["total"]["cost_usd"],
+            # Of those tokens: prompt tokens served from the prompt cache (billed lower) and
+            # reasoning tokens (billed as output, not in the replies).
+            "cached_prompt_tokens": report["spend"]["total"]["cached_tokens"],
+            "reasoning_tokens": report["spend"]["total"]["reasoning_tokens"],
+            "failures_cost_usd": round(
+                sum(t["cost_usd"] for t in report["spend"]["failures_by_category"].values()), 6
+            ),
+            "reanalyses_cost_usd": report["spend"]["reanalyses"]["cost_usd"],
+            # The newest batches' spend, each over all its documents' attempts.
+            "spend_by_batch": dg.MetadataValue.json(report["spend"]["by_batch"]),
+            # Analyses made under another prompt version or model: `backfill --stale`.
+            "stale_analyses": sum(report["stale"].values()),
+        }
+    )
+
+
+# The product's own code location's (``ai_pipeline.definitions`` builds its own through the
+# factory; these serve whoever materializes the assets directly).
+analyse_documents = build_analysis_assets(DEFAULT_SITE)
+failure_report = build_failure_report(DEFAULT_SITE)

@@ -1,0 +1,341 @@
+"""Failed-only backfills: which documents a rerun can fix, and a real Dagster backfill for them.
+
+Dagster reruns whole partitions and cannot select by failure reason; we can. A document is picked
+when Dagster shows it FAILED (or our store does), and its category says a rerun can help: by default
+the categories that need a person (input quality, model refusals and schema problems, hallucination,
+business rejection) are left out, and so are DEAD_LETTER documents (their retry budget spent) until
+``ai-pipeline requeue`` puts them back, and documents a reviewer rejected.
+
+BUDGET_REACHED documents were stopped by a budget, so a rerun without one would spend what that
+budget refused: no automatic retry (the nightly schedule, ``backfill --failed``) picks them. They
+continue in a launch that carries a budget — the batch submitted again with a larger one, or
+``backfill --failed --category BUDGET_REACHED --budget-tokens/--budget-usd``.
+
+The backfill is a real one: it shows on the UI's Backfills page and the daemon runs it;
+checkpoints make every rerun free of repeated LLM calls. Its runs are planned here, not by
+Dagster: Dagster's ``BackfillPolicy`` cuts only *contiguous* partitions into runs, so 50 failures
+scattered over 1,000 documents would become 50 runs of one document, each paying a run's start.
+``plan_runs`` takes the selected documents in partition order, up to the run size
+(``AI_PIPELINE_BACKFILL_RUN_SIZE``, or fewer so that the documents fill every run slot of the
+queue) per run whatever their position: each run's range spans its
+documents and its config names them (``ai_pipeline.defs.partitions``), so the documents of the
+range it does not name cost nothing — no call, no event, their status unchanged. The backfill is
+handed to the daemon with those runs to submit and every target partition counted as requested
+(the state Dagster's own daemon writes before it submits the runs it planned), so the daemon
+submits exactly them, follows their materializations and failures, and ends the backfill as it
+does its own. (The backfill's page counts the unnamed documents of a range among its requested
+partitions; each document's own status, under the asset, is exact.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import string
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+import dagster as dg
+
+from ai_pipeline.defs.dagster_private import (
+    BULK_ACTION_TERMINAL_STATUSES,
+    BulkActionsFilter,
+    BulkActionStatus,
+    PartitionBackfill,
+    make_new_backfill_id,
+    make_new_run_id,
+)
+from ai_pipeline.defs.jobs import range_tags
+from ai_pipeline.defs.partitions import naming_config
+from ai_pipeline.defs.site import ANALYSIS_TAG, DEFAULT_SITE, Site
+from ai_pipeline.failures import Category
+from ai_pipeline.states import State
+from ai_pipeline.store import Store
+from ai_pipeline.store.rows import DocumentRow
+
+BACKFILL_TAG = "ai_pipeline/backfill"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A failed document, and why a backfill leaves it out (None: it is rerun)."""
+
+    document_id: str
+    source: str
+    state: str
+    category: str | None
+    attempts: int
+    error: str | None
+    skipped: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        if self.skipped is None:
+            del out["skipped"]
+        return out
+
+
+@dataclass
+class BackfillPlan:
+    """The documents a failed-only backfill would rerun, and those it leaves out (with why)."""
+
+    selected: list[Candidate] = field(default_factory=list)
+    skipped: list[Candidate] = field(default_factory=list)
+
+    @property
+    def document_ids(self) -> list[str]:
+        return [d.document_id for d in self.selected]
+
+
+def plan_failed_backfill(
+    instance: dg.DagsterInstance,
+    store: Store,
+    *,
+    categories: Iterable[Category] | None = None,
+    since: datetime | None = None,
+    budgeted: bool = False,
+    site: Site = DEFAULT_SITE,
+) -> BackfillPlan:
+    """Documents FAILED in Dagster or in the store, filtered by category and time. BUDGET_REACHED
+    ones only when asked for by category and the backfill carries a budget (``budgeted``)."""
+    wanted = set(categories) if categories else None
+    keys = instance.get_dynamic_partitions(site.partitions)
+    partitions = set(keys)
+    dagster_status = (
+        instance.get_status_by_partition(site.results_key, keys, site.partitions_def) or {}
+    )
+    failed_in_dagster = {
+        k for k, v in dagster_status.items() if v == dg.AssetPartitionStatus.FAILED
+    }
+    plan = BackfillPlan()
+    # The documents FAILED here (an indexed query) and those Dagster shows FAILED: never all rows.
+    failed_here = store.documents.rows_in_state(State.FAILED)
+    elsewhere = failed_in_dagster - {d.document_id for d in failed_here}
+    candidates = sorted(
+        [*failed_here, *store.documents.rows(elsewhere)],
+        key=lambda d: (d.created_at, d.document_id),
+    )
+    for doc in candidates:
+        candidate = Candidate(
+            document_id=doc.document_id,
+            source=doc.source,
+            state=doc.state.value,
+            category=doc.category.value if doc.category else None,
+            attempts=doc.attempts,
+            error=doc.last_error,
+        )
+        reason = _skip_reason(doc, wanted, since, budgeted)
+        if reason:
+            plan.skipped.append(Candidate(**{**asdict(candidate), "skipped": reason}))
+        elif doc.document_id in partitions:
+            plan.selected.append(candidate)
+    return plan
+
+
+def _skip_reason(
+    doc: DocumentRow, wanted: set[Category] | None, since: datetime | None, budgeted: bool
+) -> str | None:
+    if doc.state == State.DEAD_LETTER:
+        return "dead letter: retry budget spent (ai-pipeline requeue puts it back)"
+    if doc.rejected_by_reviewer:
+        return "rejected by a reviewer"
+    category = doc.category
+    if wanted is not None:
+        if category not in wanted:
+            return f"category {category.value if category else 'none'} not selected"
+    elif category is not None and category.needs_person:
+        return f"{category.value} needs a person (ai-pipeline review)"
+    if category == Category.BUDGET_REACHED and (wanted is None or not budgeted):
+        return (
+            "held by a budget: continues under one (submit its batch again with a larger "
+            "budget, or backfill --failed --category BUDGET_REACHED --budget-tokens/--budget-usd)"
+        )
+    if since is not None and doc.updated_at < since:
+        return "failed before --since"
+    return None
+
+
+def backfill_id_for(name: str) -> str:
+    """A deterministic backfill id (eight lower-case letters, like Dagster's own) for a name."""
+    digest = hashlib.sha256(name.encode("utf-8")).digest()
+    return "".join(string.ascii_lowercase[b % 26] for b in digest[:8])
+
+
+def plan_runs(
+    document_ids: Sequence[str], partition_keys: Sequence[str], run_size: int
+) -> list[list[str]]:
+    """The documents (those that are partitions) in partition order, cut into runs of at most
+    ``run_size`` whatever their position."""
+    order = {key: i for i, key in enumerate(partition_keys)}
+    ordered = sorted({d for d in document_ids if d in order}, key=order.__getitem__)
+    size = max(1, run_size)
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+
+def run_request_for(
+    documents: Sequence[str],
+    position: Mapping[str, int],
+    asset_keys: Sequence[dg.AssetKey],
+    check_keys: Sequence[dg.AssetCheckKey],
+    op: str = DEFAULT_SITE.op,
+) -> dg.RunRequest:
+    """A range run over ``documents`` (in partition order); when the range holds others too, its
+    config names the documents it works on."""
+    contiguous = position[documents[-1]] - position[documents[0]] + 1 == len(documents)
+    return dg.RunRequest(
+        asset_selection=list(asset_keys),
+        asset_check_keys=list(check_keys),
+        tags=range_tags(documents),
+        run_config=None if contiguous else naming_config(documents, op),
+    )
+
+
+def _with_planned_runs(
+    instance: dg.DagsterInstance,
+    asset_graph: Any,
+    backfill: Any,
+    document_ids: Sequence[str],
+    site: Site,
+) -> Any:
+    """``backfill`` handed to the daemon with its runs planned (``plan_runs``): the daemon
+    submits them as it resumes a backfill whose runs it had planned, and plans none itself."""
+    keys = instance.get_dynamic_partitions(site.partitions)
+    policy = asset_graph.get(site.results_key).backfill_policy
+    run_size = (policy.max_partitions_per_run if policy else None) or len(document_ids)
+    # A few documents go in as many runs as there are run slots, not all in one run: each run
+    # calls the LLM only so many at a time.
+    queue = instance.get_concurrency_config().run_queue_config
+    slots = queue.max_concurrent_runs if queue is not None else None
+    if slots is not None and slots > 0:
+        run_size = min(run_size, -(-len(document_ids) // slots))
+    position = {key: i for i, key in enumerate(keys)}
+    check_keys = list(asset_graph.get_check_keys_for_assets(set(site.keys)))
+    requests = [
+        run_request_for(run, position, site.keys, check_keys, site.op)
+        for run in plan_runs(document_ids, keys, run_size)
+    ]
+    data = backfill.asset_backfill_data
+    data = (
+        data.replace_requested_subset(data.target_subset)
+        .with_requested_runs_for_target_roots(True)
+        .with_latest_storage_id(instance.event_log_storage.get_maximum_record_id())
+    )
+    return backfill.with_asset_backfill_data(
+        data, dynamic_partitions_store=instance, asset_graph=asset_graph
+    ).with_submitting_run_requests(requests, [make_new_run_id() for _ in requests])
+
+
+def launch_backfill(
+    instance: dg.DagsterInstance,
+    asset_graph: Any,
+    document_ids: Sequence[str],
+    *,
+    title: str,
+    tags: dict[str, str] | None = None,
+    backfill_id: str | None = None,
+    include: Sequence[dg.AssetKey] = (),
+    site: Site = DEFAULT_SITE,
+) -> str:
+    """Create an asset backfill of the analysis assets (and ``include``) for these documents; the
+    daemon runs it. ``asset_graph`` is the code location's (``repository_def.asset_graph``).
+    Without ``include``, its runs are planned here (``plan_runs``): as many as the run size
+    needs, wherever the documents are; with it, Dagster plans them.
+
+    Returns the backfill id; when ``backfill_id`` names an existing backfill nothing new is made
+    (a retried schedule tick must not launch twice).
+    """
+    backfill_id = backfill_id or make_new_backfill_id()
+    if instance.get_backfill(backfill_id) is not None:
+        return backfill_id
+    backfill = PartitionBackfill.from_asset_partitions(
+        backfill_id=backfill_id,
+        asset_graph=asset_graph,
+        partition_names=list(document_ids),
+        asset_selection=[*site.keys, *include],
+        backfill_timestamp=time.time(),
+        tags={BACKFILL_TAG: "failed", ANALYSIS_TAG: site.declaration.name, **(tags or {})},
+        dynamic_partitions_store=instance,
+        all_partitions=False,
+        title=title,
+        description=f"{len(document_ids)} documents",
+        run_config=None,
+    )
+    if not include:
+        backfill = _with_planned_runs(instance, asset_graph, backfill, document_ids, site)
+    instance.add_backfill(backfill)
+    return backfill_id
+
+
+def active_backfill(
+    instance: dg.DagsterInstance, tag: str, value: str, *, analysis: str | None = None
+) -> str | None:
+    """The id of a backfill tagged ``tag=value`` (and, when given, of the analysis ``analysis``)
+    that is not over (queued or running), if any."""
+    active = [s for s in BulkActionStatus if s not in BULK_ACTION_TERMINAL_STATUSES]
+    for backfill in instance.get_backfills(filters=BulkActionsFilter(statuses=active)):
+        mine = analysis is None or backfill.tags.get(ANALYSIS_TAG, analysis) == analysis
+        if backfill.tags.get(tag) == value and mine:
+            return str(backfill.backfill_id)
+    return None
+
+
+def backfill_ended(backfill: Any) -> bool:
+    return backfill.status in BULK_ACTION_TERMINAL_STATUSES
+
+
+# The tag Dagster puts on every run a backfill launches.
+DAGSTER_BACKFILL_TAG = "dagster/backfill"
+
+
+def settled_status(
+    instance: dg.DagsterInstance, backfill_id: str, ended_in: Callable[[list[str]], bool]
+) -> str | None:
+    """The status a running backfill is bound to end in, once its work is done: every run it
+    launched is over and ``ended_in(their run ids)`` says each of its documents ended in one of
+    them — so no run is left to launch. Dagster's backfill daemon records that status on its next
+    loop, up to 30 s later; None while there is work left (or the runs say nothing yet)."""
+    runs = instance.get_runs(dg.RunsFilter(tags={DAGSTER_BACKFILL_TAG: backfill_id}))
+    if not runs or not all(r.is_finished for r in runs):
+        return None
+    if not ended_in([r.run_id for r in runs]):
+        return None
+    succeeded = all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
+    return (
+        BulkActionStatus.COMPLETED_SUCCESS if succeeded else BulkActionStatus.COMPLETED_FAILED
+    ).value
+
+
+def wait_for_backfill(
+    instance: dg.DagsterInstance,
+    backfill_id: str,
+    *,
+    timeout: float,
+    poll: float = 2.0,
+    on_poll: Callable[[], None] | None = None,
+    ended_in: Callable[[list[str]], bool] | None = None,
+) -> str:
+    """Wait until the backfill is done (the daemon must be running); returns its final status.
+    ``on_poll`` is called at every poll (to show progress). With ``ended_in`` (whether all the
+    backfill's documents ended in these runs), it returns as soon as the work is done
+    (``settled_status``) instead of waiting for the daemon to record it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if on_poll is not None:
+            on_poll()
+        backfill = instance.get_backfill(backfill_id)
+        if backfill is None:
+            raise KeyError(f"no backfill {backfill_id}")
+        if backfill_ended(backfill):
+            return str(backfill.status.value)
+        if ended_in is not None and backfill.status == BulkActionStatus.REQUESTED:
+            settled = settled_status(instance, backfill_id, ended_in)
+            if settled is not None:
+                return settled
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"backfill {backfill_id} still {backfill.status.value} after {timeout:g} s "
+                "(is dagster-daemon running?)"
+            )
+        time.sleep(poll)

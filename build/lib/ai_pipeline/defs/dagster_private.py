@@ -1,0 +1,132 @@
+"""Every private Dagster API the project uses, in one place (checked against dagster 1.13.27).
+
+Each has no public equivalent in that release; when Dagster changes, this is the module to check.
+
+- ``AssetCheckEvaluationTargetMaterializationData``: a check evaluation yielded for one partition
+  of a range must name the materialization it checks, or the UI drops it; the public
+  ``AssetCheckResult`` cannot target one partition of a range.
+- ``PartitionBackfill``, ``make_new_backfill_id``: creating an asset backfill outside the UI or a
+  sensor (the CLI, the nightly schedule) — the same constructor the UI's GraphQL mutation uses.
+  ``make_new_run_id`` and the backfill's ``with_submitting_run_requests`` and asset backfill data
+  (``replace_requested_subset``, ``with_requested_runs_for_target_roots``,
+  ``with_latest_storage_id``): a backfill handed to the daemon with its runs already planned, in
+  the state the daemon writes before submitting runs it planned itself
+  (``dagster._core.execution.asset_backfill.execute_asset_backfill_iteration``, which resumes it).
+- ``DagsterEvent.build_asset_materialization_planned_event``, ``AssetMaterializationPlannedData``:
+  with ``DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS`` set, a range run's planned events name
+  the range, not each partition, and OSS storage then cannot tell which partitions of a failed run
+  failed (Dagster PRs #28113, #29288). The analysis step writes the per-partition planned event
+  itself, for the failed documents' stages only, so per-document FAILED status stays exact at the
+  cost of the failures, not of every document. ``planned_events_per_partition`` says whether
+  Dagster already wrote them (the switch unset).
+- ``SqliteEventLogStorage``, ``SQLITE_BUSY_TIMEOUT_SECONDS``, ``ConfigurableClassData``: the
+  embedded default's event log, subclassed to keep its engines (``ai_pipeline.defs.sqlite_storage``;
+  it overrides ``_connect``, so check that method's body when Dagster changes), and
+  ``DynamicPartitionsTable``, whose rows it reads to keep the keys of dynamic partitions;
+  ``SqliteEventLogStorageWatchdog``, which it extends to the WAL file (it overrides ``watch``,
+  which uses the storage's ``_obs`` and ``_watchers``, and ``wipe``).
+- ``AssetCheckExecutionsTable``, ``AssetCheckExecutionRecordStatus``, ``serialize_value``,
+  ``DefaultPartitionsSubset``, ``copy_record``: the rows a planned check evaluation writes, which ``ai_pipeline.defs.event_log`` writes itself (it
+  overrides ``SqlEventLogStorage._store_asset_check_evaluation_planned``, whose body it mirrors).
+- ``pg_config``: the configuration schema of dagster-postgres's storage, which the production
+  instance's pooled storage (``ai_pipeline.defs.pg_storage``) extends; that module also replaces
+  each dagster-postgres storage's ``_engine`` (check ``_connect`` there when dagster-postgres
+  changes).
+- ``BULK_ACTION_TERMINAL_STATUSES``, ``BulkActionStatus``, ``BulkActionsFilter``: the statuses in
+  which a backfill is over, and the filter to list those that are not (a batch re-submitted while
+  its backfill is still queued or running must not launch a second one).
+"""
+
+import logging
+import os
+
+from dagster import AssetKey, DagsterInstance, DagsterRun
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
+from dagster._core.definitions.partitions.subset.default import DefaultPartitionsSubset
+from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent
+from dagster._core.execution.backfill import (
+    BULK_ACTION_TERMINAL_STATUSES,
+    BulkActionsFilter,
+    BulkActionStatus,
+    PartitionBackfill,
+)
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+from dagster._core.storage.config import pg_config
+from dagster._core.storage.event_log.schema import AssetCheckExecutionsTable, DynamicPartitionsTable
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
+    SqliteEventLogStorage,
+    SqliteEventLogStorageWatchdog,
+)
+from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
+from dagster._core.utils import make_new_backfill_id, make_new_run_id
+from dagster._serdes import ConfigurableClassData, serialize_value
+from dagster_shared.record import copy as copy_record
+
+PLANNED_EVENTS_SWITCH = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
+# Without it, Dagster 1.13's backfill daemon fails a backfill — and terminates its running runs —
+# the first time its code location does not load (a code server restarting on a loaded machine
+# met a locked SQLite file, benchmarks/README.md); with it, the backfill waits for the location.
+BACKFILL_WAITS_FOR_CODE_SWITCH = "DAGSTER_BACKFILL_RETRY_DEFINITION_CHANGED_ERROR"
+DAGSTER_SWITCHES = {PLANNED_EVENTS_SWITCH: "1", BACKFILL_WAITS_FOR_CODE_SWITCH: "1"}
+
+
+def set_dagster_switches() -> None:
+    """Set, unless the environment says otherwise, the Dagster switches that every Dagster process
+    of the project should run with (``DAGSTER_SWITCHES``; the README asks the same of the daemon
+    and the webserver): the runs this process creates write one planned event per asset, not one
+    per document — the per-document FAILED status is then kept exact by the analysis step
+    (``report_planned_materialization``) — and a backfill outlives a code location that fails to
+    load for a moment."""
+    for name, value in DAGSTER_SWITCHES.items():
+        os.environ.setdefault(name, value)
+
+
+def planned_events_per_partition(instance: DagsterInstance) -> bool:
+    """Whether run creation writes one planned event per partition (the OSS default), so that a
+    failed run's partitions are FAILED without help."""
+    storage = instance.event_log_storage
+    return not storage.supports_partition_subset_in_asset_materialization_planned_events
+
+
+def report_planned_materialization(
+    instance: DagsterInstance, run: DagsterRun, step_key: str, asset_key: AssetKey, partition: str
+) -> None:
+    """Write, in ``run``, the planned event of one partition of an asset."""
+    event = DagsterEvent.build_asset_materialization_planned_event(
+        run.job_name,
+        step_key,
+        AssetMaterializationPlannedData(asset_key, partition=partition, partitions_subset=None),
+    )
+    instance.report_dagster_event(event, run.run_id, logging.DEBUG)
+
+
+__all__ = [
+    "SQLITE_BUSY_TIMEOUT_SECONDS",
+    "ConfigurableClassData",
+    "SqliteEventLogStorage",
+    "SqliteEventLogStorageWatchdog",
+    "DynamicPartitionsTable",
+    "AssetCheckExecutionsTable",
+    "AssetCheckExecutionRecordStatus",
+    "serialize_value",
+    "DefaultPartitionsSubset",
+    "copy_record",
+    "pg_config",
+    "AssetMaterializationPlannedData",
+    "DagsterEvent",
+    "PLANNED_EVENTS_SWITCH",
+    "BACKFILL_WAITS_FOR_CODE_SWITCH",
+    "DAGSTER_SWITCHES",
+    "set_dagster_switches",
+    "planned_events_per_partition",
+    "report_planned_materialization",
+    "BULK_ACTION_TERMINAL_STATUSES",
+    "AssetCheckEvaluationTargetMaterializationData",
+    "BulkActionStatus",
+    "BulkActionsFilter",
+    "PartitionBackfill",
+    "make_new_backfill_id",
+    "make_new_run_id",
+]

@@ -1,0 +1,94 @@
+"""What the project's event-log storages change in Dagster's, on SQLite and PostgreSQL alike.
+
+Creating a run writes, for each asset check it plans, one ``asset_check_executions`` row per
+partition of the run, and Dagster 1.13.27 (``SqlEventLogStorage._store_asset_check_evaluation_planned``)
+puts the whole planned event in every one of those rows — an event that names the run's partition
+subset, every document key of the range. Both the work and the bytes grew with the square of the
+documents per run: for a run of 2,500 documents, each check's rows held 2,500 copies of a 50 kB
+event (125 MB per check, half a gigabyte per run), serialized 2,500 times; the backfill daemon
+took about 30 s to create such a run on SQLite, 97 % of it in that method (py-spy,
+``benchmarks/README.md``), and the fourth run of a batch started two minutes after the first.
+
+:class:`CheckRowsPerDocument` writes the same rows — the same columns and values — except
+that each row's event is the planned event narrowed to that row's own partition (what the row
+stands for; the event log keeps the run's whole event), in one executemany: planning a run's
+checks costs time and space in proportion to its documents. Nothing reads a planned row's
+partition subset: Dagster reads its type, asset, check, run and time. The embedded default's
+event log (``ai_pipeline.defs.sqlite_storage``) and the production one
+(``ai_pipeline.defs.pg_storage``) both take it.
+
+A run that names the documents of its range it works on (``ai_pipeline.defs.partitions``) gets
+rows for those alone: the others of its range keep the check status they had.
+
+It also remembers that the asset-check table exists: Dagster asks the database (a table
+inspection on a connection of its own) before it stores each check evaluation, four times per
+document, and a table that exists stays; a missing one is asked about again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ai_pipeline.defs.dagster_private import (
+    AssetCheckExecutionRecordStatus,
+    AssetCheckExecutionsTable,
+    DefaultPartitionsSubset,
+    copy_record,
+    serialize_value,
+)
+from ai_pipeline.defs.partitions import named_in
+
+
+class CheckRowsPerDocument:
+    """Mixin for a ``SqlEventLogStorage``: the rows of a planned check evaluation, each with the
+    planned event of its own partition (checked against dagster 1.13.27: the method it overrides
+    has this body, with ``serialize_value(event)`` of the whole event in every row), and the check
+    table's existence remembered once seen."""
+
+    _has_check_table = False
+
+    @property
+    def supports_asset_checks(self) -> bool:
+        if not self._has_check_table:
+            self._has_check_table = bool(super().supports_asset_checks)  # type: ignore[misc]
+        return self._has_check_table
+
+    def _named_documents(self, run_id: str) -> set[str] | None:
+        """The documents the run names in its config, or None (all of its range)."""
+        if not self.has_instance:  # type: ignore[attr-defined]
+            return None
+        run = self._instance.get_run_by_id(run_id)  # type: ignore[attr-defined]
+        return named_in(run.run_config) if run is not None else None
+
+    def _store_asset_check_evaluation_planned(self, event: Any, event_id: int | None) -> None:
+        assert event.dagster_event is not None
+        planned = event.dagster_event.event_specific_data
+        keys = (
+            planned.partitions_subset.get_partition_keys() if planned.partitions_subset else [None]
+        )
+        named = self._named_documents(event.run_id)
+        if named is not None:
+            keys = [k for k in keys if k in named]
+        row = {
+            "asset_key": planned.asset_key.to_string(),
+            "check_name": planned.check_name,
+            "run_id": event.run_id,
+            "execution_status": AssetCheckExecutionRecordStatus.PLANNED.value,
+            "evaluation_event_timestamp": self._event_insert_timestamp(event),  # type: ignore[attr-defined]
+            "evaluation_event_storage_id": event_id,
+        }
+
+        def planned_for(key: str | None) -> str:
+            if key is None:
+                return serialize_value(event)
+            one = copy_record(planned, partitions_subset=DefaultPartitionsSubset({key}))
+            dagster_event = event.dagster_event._replace(event_specific_data=one)
+            return serialize_value(event._replace(dagster_event=dagster_event))
+
+        if not keys:
+            return
+        with self.index_connection() as conn:  # type: ignore[attr-defined]
+            conn.execute(
+                AssetCheckExecutionsTable.insert(),
+                [{**row, "partition": key, "evaluation_event": planned_for(key)} for key in keys],
+            )

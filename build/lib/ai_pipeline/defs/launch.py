@@ -1,0 +1,603 @@
+"""Launching work through Dagster: what the command line (or any front end) asks of the pipeline.
+
+Every way of processing documents goes through the Dagster instance in ``DAGSTER_HOME``, so what it
+does shows in the UI like a sensor's runs:
+
+- ``register_inbox``: a folder's files become documents (``ai_pipeline.intake``) and partitions;
+- ``execute``: documents are analysed in this process, in range runs of the analysis job;
+- ``process_inbox``: both, for the documents not yet completed (``ai-pipeline run``, the demo);
+- ``submit_batch``: a folder as a named batch, analysed by a backfill the daemon runs;
+- ``backfill_failed``: a backfill of the failed documents a rerun can fix;
+- ``approve``: a reviewer's approval (``ai_pipeline.review``), then the document re-submitted.
+
+The code location's ``Definitions`` is handed in by the caller (the CLI imports
+``ai_pipeline.definitions``; nothing here does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from ai_pipeline.defs.backfills import (
+    DAGSTER_BACKFILL_TAG,
+    active_backfill,
+    launch_backfill,
+    plan_failed_backfill,
+    settled_status,
+    wait_for_backfill,
+)
+from ai_pipeline.defs.jobs import range_tags
+from ai_pipeline.defs.logs import TASK_LINES_TAG
+from ai_pipeline.defs.partitions import add_partitions
+from ai_pipeline.defs.run_ends import mark_failed_runs
+from ai_pipeline.defs.sensors import run_statuses
+from ai_pipeline.defs.site import DEFAULT_SITE, Site
+from ai_pipeline.documents import display_path
+from ai_pipeline.errors import InputError
+from ai_pipeline.failures import Category
+from ai_pipeline.inbox import list_files
+from ai_pipeline.intake import (
+    BATCH_TAG,
+    batch_key,
+    contiguous_ranges,
+    register_files,
+    unique_in_order,
+)
+from ai_pipeline.progress import Progress
+from ai_pipeline.reconcile import RUN_OVER, reconcile
+from ai_pipeline.reporting import current_task_suffix, current_versions, status_report, stop_reason
+from ai_pipeline.review import approve as record_approval
+from ai_pipeline.settings import Settings
+from ai_pipeline.spend import BUDGET_TAG, Budget, batch_budget_key
+from ai_pipeline.states import State
+from ai_pipeline.store import Store, open_store
+from ai_pipeline.store.rows import Decision, DocumentRow
+from ai_pipeline.trace import trace
+
+QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+
+
+def _silent(message: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What registering a folder did: files read, their documents, what was left out and why."""
+
+    files: int
+    document_ids: list[str]
+    skipped: list[dict[str, str]]
+    settling: list[str]
+
+
+def _failure(doc: DocumentRow) -> dict[str, Any]:
+    return {"category": doc.category.value if doc.category else None, "error": doc.last_error}
+
+
+def _at(timestamp: float, kind: str, detail: str, **fields: Any) -> dict[str, Any]:
+    at = datetime.fromtimestamp(timestamp, tz=timezone.utc)
+    return {"at": at.isoformat(), "kind": kind, "detail": detail, **fields}
+
+
+def returned(
+    run_id: str, lookup: Callable[[Sequence[str]], Mapping[str, str]]
+) -> Callable[[Sequence[str]], Mapping[str, str]]:
+    """``lookup``, except that ``run_id`` — a run that returned in this process — is over."""
+
+    def statuses(run_ids: Sequence[str]) -> Mapping[str, str]:
+        try:
+            found = dict(lookup(run_ids))
+        except Exception:  # the instance's storage is away: the leases still decide the others
+            found = {}
+        if run_id in run_ids and found.get(run_id) not in RUN_OVER:
+            found[run_id] = "FAILURE"
+        return found
+
+    return statuses
+
+
+@dataclass
+class Launcher:
+    """The pipeline's operations against one Dagster instance and code location."""
+
+    instance: dg.DagsterInstance
+    definitions: dg.Definitions
+    # The settings of the site's analysis; None: from the site and the environment.
+    settings: Settings = field(default=None)  # type: ignore[assignment]
+    progress: Callable[[str], None] = _silent
+    # A line that replaces the previous one (documents done / failed / pending, rate, ETA).
+    live: Callable[[str], None] = _silent
+    # Which analysis of the code location (``ai_pipeline.defs.site``).
+    site: Site = DEFAULT_SITE
+
+    def __post_init__(self) -> None:
+        if self.settings is None:
+            self.settings = Settings.load(**self.site.settings_overrides)
+
+    @property
+    def store(self) -> Store:
+        return open_store(self.settings)
+
+    def _registering(self, total: int) -> Callable[[int], None]:
+        return lambda n: self.live(f"registering files: {n}/{total}")
+
+    def _watching(self, document_ids: Sequence[str]) -> Callable[[bool], None]:
+        """A callable that shows how far these documents have come: on the live line, or (when
+        called with True, at the end) as a message that stays."""
+        if self.live is _silent:
+            return lambda final: None
+        progress = Progress(len(document_ids))
+        store = self.store
+
+        def show(final: bool) -> None:
+            line = progress.line(store.documents.count_by_state(document_ids))
+            (self.progress if final else self.live)(line)
+
+        return show
+
+    @contextmanager
+    def _watched(self, document_ids: Sequence[str], every: float = 2.0) -> Iterator[None]:
+        """Show the progress of these documents every ``every`` seconds while the block runs."""
+        if self.live is _silent:
+            yield
+            return
+        show = self._watching(document_ids)
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(every):
+                with contextlib.suppress(Exception):  # progress must never break the work
+                    show(False)
+
+        thread = threading.Thread(target=loop, name="progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            with contextlib.suppress(Exception):
+                show(True)
+
+    def _wait(
+        self,
+        backfill_id: str,
+        document_ids: Sequence[str],
+        timeout: float,
+        targeted: Sequence[str] | None = None,
+    ) -> str:
+        """Wait for a backfill of ``targeted`` (default: ``document_ids``), showing the progress
+        of ``document_ids``; returns its final status as soon as its runs have ended every
+        targeted document, without waiting for the backfill daemon's next loop to record it."""
+        self.progress(f"waiting for backfill {backfill_id} (run by the daemon) …")
+        show = self._watching(document_ids)
+        targeted = list(document_ids if targeted is None else targeted)
+        status = wait_for_backfill(
+            self.instance,
+            backfill_id,
+            timeout=timeout,
+            on_poll=lambda: show(False),
+            ended_in=lambda run_ids: self.store.documents.ended_in(targeted, run_ids),
+        )
+        # A document whose run died is not pending: it failed, retryably — also one its run
+        # never started, before the reconcile sensor's next tick says so.
+        reconcile(self.store, run_statuses(self.instance))
+        runs = self.instance.get_runs(dg.RunsFilter(tags={DAGSTER_BACKFILL_TAG: backfill_id}))
+        mark_failed_runs(self.instance, self.store, runs, self.site)
+        show(True)
+        return status
+
+    # --- processing --------------------------------------------------------------------------
+
+    def register_inbox(self, inbox: Path) -> Registration:
+        """Register every file of ``inbox`` as a document and a partition (``ai_pipeline.inbox``
+        says which entries are files, which are skipped and why; files changed within the settle
+        time are left for the next run)."""
+        if not inbox.is_dir():
+            raise InputError(f"inbox {display_path(inbox)} is not a directory")
+        listing = list_files([inbox], settle_seconds=self.settings.settle_seconds)
+        registered = register_files(
+            self.store,
+            listing.files,
+            max_bytes=self.settings.max_document_bytes,
+            progress=self._registering(len(listing.files)),
+        )
+        document_ids = unique_in_order(r.document_id for r in registered)
+        add_partitions(self.instance, document_ids, self.site.partitions)
+        registration = Registration(
+            files=len(listing.files),
+            document_ids=document_ids,
+            skipped=[s.as_dict() for s in listing.skipped],
+            settling=[display_path(p) for p in listing.settling],
+        )
+        self.progress(
+            f"{registration.files} files → {len(document_ids)} documents "
+            f"({registration.files - len(document_ids)} duplicates)"
+        )
+        for entry in registration.skipped:
+            self.progress(f"skipped {entry['path']}: {entry['reason']}")
+        if registration.settling:
+            self.progress(
+                f"{len(registration.settling)} files changed in the last "
+                f"{self.settings.settle_seconds:g} s (still being written?): left for the next run"
+            )
+        return registration
+
+    def not_done(self, document_ids: Sequence[str]) -> list[str]:
+        """The documents not completed, here or in Dagster.
+
+        Done means done in both places: a run killed after a document's results were written but
+        before Dagster heard of it leaves the document COMPLETED here and unmaterialized there; a
+        rerun re-reports it from its checkpoints without an LLM call. A document a reviewer
+        rejected is settled: it is reported, never analysed again.
+        """
+        docs = {d.document_id: d for d in self.store.documents.rows(document_ids)}
+        candidates = [d for d in document_ids if not (d in docs and docs[d].rejected_by_reviewer)]
+        in_dagster = (
+            self.instance.get_status_by_partition(
+                self.site.results_key, candidates, self.site.partitions_def
+            )
+            or {}
+        )
+        return [
+            d
+            for d in candidates
+            if d not in docs
+            or docs[d].state != State.COMPLETED
+            or in_dagster.get(d) != dg.AssetPartitionStatus.MATERIALIZED
+        ]
+
+    def execute(
+        self, document_ids: Sequence[str], *, verbose: bool = False, budget: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Analyse documents in this process through Dagster, in range runs of contiguous
+        partitions, all under the budget ``budget`` names (when given); returns one
+        ``{"run_id", "documents", "success"}`` per run."""
+        budget_tags = {BUDGET_TAG: budget} if budget else {}
+        job = self.definitions.resolve_job_def(self.site.job_name)
+        ordered = self.instance.get_dynamic_partitions(self.site.partitions)
+        ranges = contiguous_ranges(document_ids, ordered, self.settings.documents_per_run)
+        runs = []
+        with self._watched([d for batch in ranges for d in batch]):
+            for i, batch in enumerate(ranges, 1):
+                self.progress(f"run {i}/{len(ranges)}: {len(batch)} documents …")
+                result = job.execute_in_process(
+                    instance=self.instance,
+                    # In this process Dagster would mirror the compute log to the terminal.
+                    tags={**range_tags(batch), TASK_LINES_TAG: "events", **budget_tags},
+                    raise_on_error=False,
+                    # The run's events are in the instance (and the UI); the terminal gets the
+                    # table.
+                    run_config=None if verbose else QUIET_RUN_CONFIG,
+                )
+                runs.append(
+                    {"run_id": result.run_id, "documents": len(batch), "success": result.success}
+                )
+                # The run has returned in this process: it holds nothing any more, whatever
+                # Dagster could record of its end (its storage may have been down just then).
+                reconcile(self.store, returned(result.run_id, run_statuses(self.instance)))
+                outcome = "succeeded" if result.success else "had failures"
+                self.progress(f"run {i}/{len(ranges)}: {outcome}")
+        return runs
+
+    def process_inbox(
+        self, inbox: Path, *, verbose: bool = False, budget: Budget | None = None
+    ) -> dict[str, Any]:
+        """Register the inbox's files and analyse every document not yet completed, within the
+        budget when one is given (one budget for the whole command, all its runs)."""
+        registration = self.register_inbox(inbox)
+        todo = self.not_done(registration.document_ids)
+        self.progress(f"{len(todo)} to analyse")
+        key = None
+        if budget is not None and todo:
+            key = f"launch:{uuid.uuid4().hex}"
+            self.store.spend.set_budget(key, tokens=budget.tokens, usd=budget.usd)
+        runs = self.execute(todo, verbose=verbose, budget=key)
+        report = self.outcome(registration.document_ids, [r["run_id"] for r in runs])
+        state = self.store.spend.budget(key) if key else None
+        spent = [self.store.spend.for_run(r["run_id"]) for r in runs]
+        return {
+            "inbox": display_path(inbox),
+            "files": registration.files,
+            "skipped": registration.skipped,
+            "settling": registration.settling,
+            "runs": runs,
+            **report,
+            "spend": {
+                "attempts": sum(t.attempts for t in spent),
+                "prompt_tokens": sum(t.prompt_tokens for t in spent),
+                "completion_tokens": sum(t.completion_tokens for t in spent),
+                "cost_usd": round(sum(t.cost_usd for t in spent), 6),
+            },
+            "budget": state.as_dict() if state else None,
+        }
+
+    def outcome(self, document_ids: Sequence[str], run_ids: Sequence[str]) -> dict[str, Any]:
+        """The status of these documents after the given runs, with the ones another run still
+        holds listed apart ("in progress elsewhere": left to that run, not failed)."""
+        report = status_report(self.store, document_ids)
+        mine = set(run_ids)
+        report["in_progress_elsewhere"] = [
+            {"document_id": d["document_id"], "run_id": d["run_id"]}
+            for d in report["documents"]
+            if d["state"] == State.RUNNING.value and d["run_id"] not in mine
+        ]
+        return report
+
+    def status(
+        self,
+        document_ids: Sequence[str] | None = None,
+        *,
+        states: Iterable[State] | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """Documents' states (``reporting.status_report``), after moving out of RUNNING those
+        whose run is over."""
+        interrupted = reconcile(self.store, run_statuses(self.instance))
+        report = status_report(self.store, document_ids, states=states, limit=limit)
+        report["reconciled"] = [i.document_id for i in interrupted]
+        return report
+
+    # --- backfills and batches ---------------------------------------------------------------
+
+    def backfill_failed(
+        self,
+        *,
+        categories: Iterable[Category] | None = None,
+        since: datetime | None = None,
+        dry_run: bool = False,
+        wait: bool = False,
+        timeout: float = 1800,
+        budget: Budget | None = None,
+    ) -> dict[str, Any]:
+        """Plan (and unless ``dry_run`` launch) a backfill of the failed documents a rerun can fix.
+        With a budget, all the backfill's runs share it, and BUDGET_REACHED documents can be
+        selected (by category): without one they stay held."""
+        categories = list(categories or [])
+        plan = plan_failed_backfill(
+            self.instance,
+            self.store,
+            categories=categories,
+            since=since,
+            budgeted=budget is not None,
+            site=self.site,
+        )
+        out: dict[str, Any] = {
+            "dry_run": dry_run,
+            "selected": [c.as_dict() for c in plan.selected],
+            "skipped": [c.as_dict() for c in plan.skipped],
+            "backfill_id": None,
+            "budget": None,
+        }
+        if dry_run or not plan.selected:
+            return out
+        names = ", ".join(c.value for c in categories)
+        title = "failed documents" + (f" ({names})" if categories else "")
+        tags = {}
+        if budget is not None:
+            key = f"launch:{uuid.uuid4().hex}"
+            out["budget"] = self.store.spend.set_budget(
+                key, tokens=budget.tokens, usd=budget.usd
+            ).as_dict()
+            tags[BUDGET_TAG] = key
+        out["backfill_id"] = launch_backfill(
+            self.instance,
+            self._asset_graph(),
+            plan.document_ids,
+            title=title,
+            tags=tags,
+            site=self.site,
+        )
+        if wait:
+            out["status"] = self._wait(out["backfill_id"], plan.document_ids, timeout)
+            out.update(status_report(self.store, plan.document_ids))
+        return out
+
+    def backfill_stale(
+        self, *, dry_run: bool = False, wait: bool = False, timeout: float = 1800
+    ) -> dict[str, Any]:
+        """Plan (and unless ``dry_run`` launch) a backfill of the completed documents whose
+        analysis was made under another prompt version or model: their new task ids make new
+        calls, and the analyses they replace stay in the results history."""
+        version, model = current_versions(self.settings)
+        stale = self.store.results.stale(current_task_suffix(self.settings))
+        docs = {d.document_id: d for d in self.store.documents.rows(r.document_id for r in stale)}
+        selected = [
+            {
+                "document_id": r.document_id,
+                "source": docs[r.document_id].source,
+                "category": None,
+                "prompt_version": r.prompt_version,
+                "model": r.model,
+            }
+            for r in stale
+            if r.document_id in docs and docs[r.document_id].state == State.COMPLETED
+        ]
+        ids: list[str] = [str(d["document_id"]) for d in selected]
+        out: dict[str, Any] = {
+            "dry_run": dry_run,
+            "current": {"prompt_version": version, "model": model},
+            "selected": selected,
+            "skipped": [],
+            "backfill_id": None,
+        }
+        if dry_run or not ids:
+            return out
+        out["backfill_id"] = launch_backfill(
+            self.instance,
+            self._asset_graph(),
+            ids,
+            title=f"stale analyses (now prompt {version}, model {model})",
+            site=self.site,
+        )
+        if wait:
+            out["status"] = self._wait(out["backfill_id"], ids, timeout)
+            out.update(status_report(self.store, ids))
+        return out
+
+    def submit_batch(
+        self,
+        inbox: Path,
+        name: str,
+        *,
+        wait: bool = False,
+        timeout: float = 1800,
+        budget: Budget | None = None,
+    ) -> dict[str, Any]:
+        """Register a folder as a named batch and launch a backfill for what is pending. A budget
+        is the batch's: every run of it, at once or later, shares it; given again, it replaces
+        the limits (what was spent stays spent)."""
+        document_ids = self.register_inbox(inbox).document_ids
+        if not document_ids:
+            raise InputError(f"{display_path(inbox)} holds no files")
+        batch_id = batch_key(document_ids)
+        self.store.batches.save(batch_id, name, document_ids)
+        if budget is not None:
+            self.store.spend.set_budget(
+                batch_budget_key(batch_id), tokens=budget.tokens, usd=budget.usd
+            )
+        pending = self.not_done(document_ids)
+        out: dict[str, Any] = {
+            "pending_at_submit": len(pending),
+            "backfill_id": None,
+            "already_running": False,
+        }
+        running = (
+            active_backfill(
+                self.instance, BATCH_TAG, batch_id, analysis=self.settings.declaration.name
+            )
+            if pending
+            else None
+        )
+        if running and settled_status(
+            self.instance, running, lambda runs: self.store.documents.ended_in(pending, runs)
+        ):
+            # Its runs are over and ended every document still pending (a `--wait` may have
+            # returned on that already): only the daemon's record says running. A new backfill.
+            running = None
+        if running:
+            # The batch's backfill is still queued or running: it covers these documents.
+            out.update(backfill_id=running, already_running=True)
+            self.progress(
+                f"batch {name}: backfill {running} is still queued or running; nothing new launched"
+            )
+        elif pending:
+            out["backfill_id"] = launch_backfill(
+                self.instance,
+                self._asset_graph(),
+                pending,
+                title=f"batch {name}",
+                tags={BATCH_TAG: batch_id},
+                site=self.site,
+            )
+        if wait and out["backfill_id"]:
+            # A backfill found running covers the batch's pending documents as they were then.
+            targeted = None if out["already_running"] else pending
+            out["status"] = self._wait(out["backfill_id"], document_ids, timeout, targeted)
+        out.update(self.batch_summary(batch_id))
+        return out
+
+    def batch_summary(self, batch_id: str) -> dict[str, Any]:
+        """total / succeeded / failed / pending of a batch, and why each failed."""
+        batch = self.store.batches.get(batch_id)
+        if batch is None:
+            raise InputError(f"no batch {batch_id}")
+        ids = batch.document_ids
+        docs = {d.document_id: d for d in self.store.documents.rows(ids)}
+        budget = self.store.spend.budget(batch_budget_key(batch_id))
+        failed = [d for d in ids if docs[d].state in (State.FAILED, State.DEAD_LETTER)]
+        succeeded = [d for d in ids if docs[d].state == State.COMPLETED]
+        return {
+            "batch_id": batch_id,
+            "name": batch.name,
+            "total": len(ids),
+            "succeeded": len(succeeded),
+            "failed": len(failed),
+            "pending": len(ids) - len(succeeded) - len(failed),
+            "failed_ids": failed,
+            "failures": {d: _failure(docs[d]) for d in failed},
+            "stopped": stop_reason(docs.values()),
+            "spend": self.store.spend.total(ids).as_dict(),
+            "budget": budget.as_dict() if budget else None,
+        }
+
+    # --- tracing -----------------------------------------------------------------------------
+
+    def trace(self, any_id: str) -> dict[str, Any]:
+        """A document's story (``ai_pipeline.trace``) with what Dagster holds of it: each of its
+        runs (status, start, end) and every check evaluated on its partition."""
+        story = trace(self.store, any_id)
+        document_id = story["document_id"]
+        events = story["events"]
+        runs = []
+        records = self.instance.get_run_records(dg.RunsFilter(run_ids=story["runs"]))
+        for record in records if story["runs"] else []:
+            run = record.dagster_run
+            runs.append({"run_id": run.run_id, "status": run.status.value})
+            for at, what in ((record.start_time, "started"), (record.end_time, "ended")):
+                if at is not None:
+                    detail = f"run {what}" + (f": {run.status.value}" if what == "ended" else "")
+                    events.append(_at(at, "run", detail, run_id=run.run_id))
+            checks = self.instance.get_records_for_run(
+                run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION, limit=100_000
+            ).records
+            for entry in (c.event_log_entry for c in checks):
+                event = entry.dagster_event
+                evaluation = event.event_specific_data if event else None
+                if (
+                    not isinstance(evaluation, dg.AssetCheckEvaluation)
+                    or evaluation.partition != document_id
+                ):
+                    continue
+                verdict = "passed" if evaluation.passed else "FAILED"
+                events.append(
+                    _at(
+                        entry.timestamp,
+                        "check",
+                        f"{evaluation.check_name}: {verdict}",
+                        run_id=run.run_id,
+                        passed=evaluation.passed,
+                    )
+                )
+        events.sort(key=lambda e: e["at"])
+        story["dagster_runs"] = runs
+        return story
+
+    # --- review ------------------------------------------------------------------------------
+
+    def approve(
+        self,
+        document_id: str,
+        *,
+        decision: Decision | None,
+        by: str,
+        note: str | None = None,
+        verbose: bool = False,
+    ) -> dict[str, Any]:
+        """Record the approval, then re-submit the document through Dagster under its task id."""
+        approval = record_approval(self.store, document_id, decision=decision, by=by, note=note)
+        self.progress(
+            f"approved ({approval.decision.value}); re-submitting {document_id} under task "
+            f"{approval.task_id}"
+        )
+        runs = self.execute([document_id], verbose=verbose)
+        report = {"runs": runs, **status_report(self.store, [document_id])}
+        report["history"] = [
+            {"event": h.event, "detail": h.detail, "at": h.at.isoformat()}
+            for h in self.store.events.history(document_id)
+        ]
+        return report
+
+    def _asset_graph(self) -> Any:
+        return self.definitions.get_repository_def().asset_graph

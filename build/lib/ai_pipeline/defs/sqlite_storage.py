@@ -1,0 +1,215 @@
+"""The embedded default's event log: Dagster's SQLite storage, keeping its connections.
+
+Dagster 1.13's ``SqliteEventLogStorage`` builds a SQLAlchemy engine for every connection and
+disposes of it afterwards, so every event write compiled its statements again, opened the file,
+committed with an fsync and closed it — and closing the last connection to a WAL database copies
+the WAL into the database file and fsyncs that too. A run of the analysis job writes nine events
+per document from its step's thread; on two cores four such runs could not write them as fast as
+their documents finished (an event write took ~12 ms; ``benchmarks/README.md``), so their runs
+went on for minutes after their last LLM call. This subclass keeps one engine per shard (the
+index and the most recent runs, ``ENGINES`` at most), each with its connection kept open between
+writes, in WAL mode with ``synchronous=NORMAL`` (the results database's setting: a commit is
+durable against a crash of the process, and only a power loss can take the last ones).
+
+Other processes see every write at once, as WAL readers do. Dagster's UI learns of a run's new
+events from the file system: its watcher looked at the database file only, which a connection
+kept open no longer touches on every commit, so the watcher here looks at the WAL file too.
+``wipe`` closes the connections before the files are deleted.
+
+It also keeps the keys of each dynamic partitions definition it has read. Dagster reads the whole
+list whenever it resolves a range of dynamic partitions — for every asset of every range run it
+creates — so at 50,000 documents a sensor tick creating 20 runs spent nine tenths of its time
+fetching the same 50,000 keys again (``benchmarks/README.md``). ``get_dynamic_partitions`` now
+asks the database only for a fingerprint of the definition's rows (largest id, count, the keys'
+total length, the newest key: two indexed queries), fetches just the rows added since when only
+rows were added, and everything again when any was deleted; the database stays the truth for
+every process.
+
+``dagster.yaml`` names it as ``event_log_storage``; ``base_dir`` defaults to
+``$DAGSTER_HOME/storage``, where Dagster's own default keeps these files.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import create_engine, event, func, select
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import QueuePool
+
+from ai_pipeline.defs.dagster_private import (
+    SQLITE_BUSY_TIMEOUT_SECONDS,
+    ConfigurableClassData,
+    DynamicPartitionsTable,
+    SqliteEventLogStorage,
+    SqliteEventLogStorageWatchdog,
+)
+from ai_pipeline.defs.event_log import CheckRowsPerDocument
+
+ENGINES = 32
+
+
+class _WatchdogOnWal(SqliteEventLogStorageWatchdog):
+    """Dagster's watcher of a run's events, told of writes to the run's WAL file as well."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._patterns = [self._log_path, f"{self._log_path}-wal"]
+
+    def on_modified(self, event: Any) -> None:
+        self._process_log()
+
+
+class EngineReusingSqliteEventLogStorage(CheckRowsPerDocument, SqliteEventLogStorage):
+    """``SqliteEventLogStorage`` with one engine and open connection per shard instead of an
+    engine per connection (and a run's planned checks written in time proportional to its
+    documents, ``defs.event_log``)."""
+
+    def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None):
+        self._engines: OrderedDict[str, Engine] = OrderedDict()
+        # Per definition: the fingerprint of its rows when read, and its keys in id order.
+        self._partition_keys: dict[str, tuple[tuple[int, int, int, str | None], list[str]]] = {}
+        self._partition_keys_lock = threading.Lock()
+        super().__init__(base_dir, inst_data=inst_data)
+
+    @classmethod
+    def config_type(cls) -> Any:
+        from dagster import Field, StringSource
+
+        return {"base_dir": Field(StringSource, is_required=False)}
+
+    @classmethod
+    def from_config_value(  # type: ignore[override]
+        cls, inst_data: ConfigurableClassData | None, config_value: dict[str, Any]
+    ) -> EngineReusingSqliteEventLogStorage:
+        base_dir = config_value.get("base_dir")
+        if not base_dir:
+            home = os.environ.get("DAGSTER_HOME")
+            if not home:
+                raise ValueError("set DAGSTER_HOME, or base_dir in the event_log_storage config")
+            base_dir = os.path.join(home, "storage")
+        return cls(base_dir, inst_data=inst_data)
+
+    def _engine(self, shard: str) -> Engine:
+        engine = self._engines.get(shard)
+        if engine is not None:
+            self._engines.move_to_end(shard)
+            return engine
+        engine = create_engine(
+            self.conn_string_for_shard(shard),
+            # Every use of a shard holds the storage's lock, so one connection serves it.
+            poolclass=QueuePool,
+            pool_size=1,
+            max_overflow=2,
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS, "check_same_thread": False},
+        )
+        event.listen(engine, "connect", _wal_normal)
+        self._engines[shard] = engine
+        while len(self._engines) > ENGINES:
+            _, oldest = self._engines.popitem(last=False)
+            oldest.dispose()
+        return engine
+
+    @contextmanager
+    def _connect(self, shard: str) -> Iterator[Connection]:
+        with self._db_lock:
+            engine = self._engine(shard)
+            if shard not in self._initialized_dbs:
+                self._initdb(engine)
+                self._initialized_dbs.add(shard)
+            with engine.connect() as conn, conn.begin():
+                yield conn
+
+    def watch(self, run_id: str, cursor: str | None, callback: Any) -> None:
+        """Dagster's ``watch``, with a watcher that also follows the run's WAL file."""
+        from watchdog.observers import Observer
+
+        observer: Any = self._obs
+        if not observer:
+            observer = self._obs = Observer()  # type: ignore[assignment]
+            observer.start()
+        watchdog = _WatchdogOnWal(self, run_id, callback, cursor)
+        self._watchers[run_id][callback] = (
+            watchdog,
+            observer.schedule(watchdog, self._base_dir, recursive=True),
+        )
+
+    def wipe(self) -> None:
+        self._close_engines()  # the files are about to be deleted
+        super().wipe()
+
+    def _close_engines(self) -> None:
+        with self._db_lock:
+            for engine in self._engines.values():
+                engine.dispose()
+            self._engines.clear()
+
+    def get_dynamic_partitions(self, partitions_def_name: str) -> Sequence[str]:
+        table = DynamicPartitionsTable
+        mine = table.c.partitions_def_name == partitions_def_name
+        with self._partition_keys_lock, self.index_connection() as conn:
+            # SQLite gives a new row the largest id + 1, so a deleted newest row's id comes back:
+            # the key under the largest id and the keys' total length are in the fingerprint too.
+            last, count, length = conn.execute(
+                select(
+                    func.coalesce(func.max(table.c.id), 0),
+                    func.count(),
+                    func.coalesce(func.sum(func.length(table.c.partition)), 0),
+                ).where(mine)
+            ).one()
+            newest = conn.execute(
+                select(table.c.partition).where(mine, table.c.id == last)
+            ).scalar()
+            fingerprint = (int(last), int(count), int(length), newest)
+            known = self._partition_keys.get(partitions_def_name)
+            if known is not None and known[0] == fingerprint:
+                return list(known[1])
+            keys: list[str] = []
+            if known is not None and known[0][0] <= last:
+                added = conn.execute(
+                    select(table.c.partition)
+                    .where(mine, table.c.id > known[0][0])
+                    .order_by(table.c.id)
+                ).scalars()
+                keys = [*known[1], *added]
+            if (len(keys), sum(map(len, keys)), keys[-1] if keys else None) != (
+                count,
+                length,
+                newest,
+            ):
+                # A key was deleted, or nothing was known: read them all.
+                keys = list(
+                    conn.execute(
+                        select(table.c.partition).where(mine).order_by(table.c.id)
+                    ).scalars()
+                )
+            self._partition_keys[partitions_def_name] = (fingerprint, keys)
+            return list(keys)
+
+    def dispose(self) -> None:
+        self._close_engines()
+        super().dispose()
+
+
+def _wal_normal(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def without_sqlite_event_log(instance_yaml: str) -> str:
+    """A ``dagster.yaml`` without its top-level ``event_log_storage`` section: for putting the
+    instance on PostgreSQL (``storage: postgres``), which Dagster refuses beside it."""
+    kept, skipping = [], False
+    for line in instance_yaml.splitlines(keepends=True):
+        if line and not line[0].isspace() and not line.startswith("#"):
+            skipping = line.startswith("event_log_storage:")
+        if not skipping:
+            kept.append(line)
+    return "".join(kept)

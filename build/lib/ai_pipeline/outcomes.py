@@ -1,0 +1,103 @@
+"""Where a run leaves a document it held: its final state, its failure events, a person's queue,
+the dead letter — or, when the run stopped on its own settings, back in the queue as it was.
+
+``ai_pipeline.engine`` decides what happened to a document; this records it, along the state
+machine of ``ai_pipeline.states``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ai_pipeline.failures import Category
+from ai_pipeline.redaction import redact
+from ai_pipeline.retry import Log
+from ai_pipeline.review import send_to_review
+from ai_pipeline.states import IllegalTransition, State
+from ai_pipeline.store import Store
+from ai_pipeline.store.rows import StoredDocument
+
+
+class Failure(Protocol):
+    """How a document failed (``ai_pipeline.engine.StageFailed``)."""
+
+    @property
+    def stage(self) -> str: ...
+    @property
+    def category(self) -> Category: ...
+    @property
+    def error(self) -> str: ...
+    @property
+    def task_id(self) -> str | None: ...
+
+
+class Outcomes:
+    """The records of one run's document outcomes."""
+
+    def __init__(self, store: Store, *, run_id: str | None, retry_budget: int):
+        self.store = store
+        self.run_id = run_id
+        self.retry_budget = retry_budget
+
+    def settle(self, document_id: str, target: State, **values: object) -> None:
+        """Move a document this run holds to its final state; if the reconciler moved it to FAILED
+        meanwhile (this run's claim expired while the database was away), take it back first."""
+        try:
+            self.store.documents.transition(document_id, target, **values)  # type: ignore[arg-type]
+        except IllegalTransition:
+            self.store.documents.transition(document_id, State.QUEUED)
+            self.store.documents.transition(document_id, State.RUNNING, run_id=self.run_id)
+            self.store.documents.transition(document_id, target, **values)  # type: ignore[arg-type]
+
+    def hold(self, doc: StoredDocument, failure: Failure, reason: str, log: Log) -> None:
+        """A run stopped by its own settings lets go of the document as it found it: back to
+        QUEUED for the next run, no attempt counted, no review; the reason is on it and in the
+        failure events. Every document held carries the one message of the stop."""
+        document_id = doc.document_id
+        try:
+            self.store.documents.transition(
+                document_id, State.QUEUED, category=failure.category, error=redact(reason)
+            )
+        except IllegalTransition:
+            return  # the reconciler took it meanwhile (this run's claim expired): it is settled
+        self.store.events.record_failure(
+            document_id,
+            failure.category,
+            failure.error,
+            task_id=failure.task_id,
+            run_id=self.run_id,
+            attempt=doc.attempts,
+        )
+        log.warning(f"not analysed, the run stopped ({failure.category.value}): {reason}")
+
+    def fail(self, doc: StoredDocument, failure: Failure, log: Log) -> None:
+        """Record a document's failure: its state, a failure event, and a person's queue if due."""
+        document_id, task = doc.document_id, failure.task_id
+        # A call the budget stopped was never made: not an attempt, never the dead letter.
+        unsent = failure.category == Category.BUDGET_REACHED
+        self.settle(
+            document_id,
+            State.FAILED,
+            category=failure.category,
+            error=failure.error,
+            task_id=task,
+            count_attempt=not unsent,
+        )
+        after = self.store.documents.get(document_id)
+        attempts = after.attempts if after else 1
+        self.store.events.record_failure(
+            document_id,
+            failure.category,
+            failure.error,
+            task_id=task,
+            run_id=self.run_id,
+            attempt=attempts,
+        )
+        if failure.category.needs_person:
+            send_to_review(self.store, doc, failure.category, failure.error, task)
+        log.error(f"failed at {failure.stage}: {failure.category.value}: {failure.error}")
+        if failure.category.retryable and attempts >= self.retry_budget and not unsent:
+            self.store.documents.transition(document_id, State.DEAD_LETTER)
+            detail = f"{attempts} retryable failures (budget {self.retry_budget})"
+            self.store.events.add_history(document_id, "DEAD_LETTER", detail, task_id=task)
+            log.error(f"moved to DEAD_LETTER after {detail}; `ai-pipeline requeue` puts it back")
