@@ -48,7 +48,6 @@ from ai_pipeline.redaction import redact
 from ai_pipeline.retry import Log
 from ai_pipeline.review import resolve_if_approved
 from ai_pipeline.spend import count_tokens
-from ai_pipeline.stages import STAGES as STAGES  # the Dagster wiring (defs/) reads them here
 from ai_pipeline.stages import (
     Cancelled,
     Event,

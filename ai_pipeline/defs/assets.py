@@ -35,12 +35,12 @@ from ai_pipeline.defs.partitions import NAMED_DOCUMENTS, named_by
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.defs.runs import run_is_over
 from ai_pipeline.defs.site import ANALYSIS_TAG, DEFAULT_SITE, Site
-from ai_pipeline.engine import STAGES, Analyser, StageDeferred, StageDone, StageFailed
+from ai_pipeline.engine import Analyser
 from ai_pipeline.intake import BATCH_TAG
 from ai_pipeline.notify import Notifier
 from ai_pipeline.reporting import build_report, chart_png, to_markdown
 from ai_pipeline.spend import Meter, Prices, run_budgets
-from ai_pipeline.stages import Stage
+from ai_pipeline.stages import STAGES, Stage, StageDeferred, StageDone, StageFailed
 from ai_pipeline.states import State
 
 # The keys of the product's own code location (one analysis, no prefix).
