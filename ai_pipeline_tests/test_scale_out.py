@@ -16,8 +16,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from ai_pipeline_tests.dagster_procs import DagsterProcess, free_port, running
 from ai_pipeline_tests.hosts import Network, Process, unavailable_reason, wait_for_port
@@ -38,6 +40,7 @@ DEPLOY = REPO / "deploy" / "scale-out"
 DOCUMENTS = 200
 RUN_SIZE = 25
 WORKER_RUNS = 2  # runs at once on each worker host (its --concurrency)
+LLM_CONCURRENCY = 8  # calls in flight per run
 
 
 @dataclass
@@ -59,10 +62,16 @@ def linked_home(folder: Path) -> Path:
 
 @pytest.fixture
 def deployment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, postgres_databases: PostgresDatabases
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    postgres_databases: PostgresDatabases,
 ) -> Iterator[Deployment]:
     """Two worker hosts, the broker, PostgreSQL and the simulator on the bridge address only, and
-    a daemon launching runs through CeleryRunLauncher; all of it removed at the end."""
+    a daemon launching runs through CeleryRunLauncher; all of it removed at the end. The LLM's
+    latency in ms: the test's ``latency_ms`` mark (50 by default)."""
+    mark = request.node.get_closest_marker("latency_ms")
+    latency_ms = int(mark.args[0]) if mark else 50
     from ai_pipeline.rehearsal.faults import SimulatorConfig
     from ai_pipeline.rehearsal.simulator import SimulatorServer
 
@@ -86,7 +95,7 @@ def deployment(
         wait_for_port(address, pg_port)
         instance_db = postgres_databases.create("dagster")
         results_db = postgres_databases.create("results")
-        config = SimulatorConfig(latency_ms=50, max_concurrency=64)
+        config = SimulatorConfig(latency_ms=latency_ms, max_concurrency=64)
         with SimulatorServer(config, host=address) as simulator:
             home = linked_home(tmp_path / "main")
             env = {
@@ -103,7 +112,7 @@ def deployment(
                     f"postgresql://{PG_USER}@{address}:{pg_port}/{results_db}"
                 ),
                 "AI_PIPELINE_BACKFILL_RUN_SIZE": str(RUN_SIZE),
-                "AI_PIPELINE_LLM_CONCURRENCY": "8",
+                "AI_PIPELINE_LLM_CONCURRENCY": str(LLM_CONCURRENCY),
                 "AI_PIPELINE_SETTLE_SECONDS": "0",
                 "OPENAI_BASE_URL": simulator.base_url,
                 "OPENAI_API_KEY": TEST_API_KEY,
@@ -203,3 +212,81 @@ def test_a_batch_runs_on_both_worker_hosts_each_document_paid_once(
             ]
     counts = {h: list(hosts.values()).count(h) for h in set(hosts.values())}
     print(f"runs per worker host: {counts}")
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.scaleout
+@pytest.mark.latency_ms(400)
+def test_a_lost_worker_host_fails_its_runs_and_the_batch_completes_on_the_other(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """A worker host killed mid-batch (its processes SIGKILLed, its link cut): run monitoring fails
+    its runs, the daemon retries them on the other host, and every document completes with no
+    more calls paid twice than were in flight on the lost host."""
+    import dagster as dg
+
+    from ai_pipeline.defs.celery_worker import WORKER_HOST_TAG
+    from ai_pipeline.states import State
+    from ai_pipeline_tests.dagster_procs import wait_for
+    from ai_pipeline_tests.support import doc_id, results_store
+
+    texts = [sample_text(i) for i in range(DOCUMENTS)]
+    inbox = make_inbox(tmp_path / "inbox", {f"doc{i:03}.txt": t for i, t in enumerate(texts)})
+    deployment.daemon.start()
+    wait_for_workers(deployment)
+    assert cli("submit", str(inbox), "--batch", "lost-host") == 0
+    lost = deployment.network.hosts[0]
+    simulator: Any = deployment.simulator
+    with dg.DagsterInstance.get() as instance:
+
+        def running_on_lost_host() -> list:
+            started = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+            return [r for r in started if r.tags.get(WORKER_HOST_TAG) == lost.name]
+
+        wait_for(deployment.daemon, f"a run started on {lost.name}", running_on_lost_host, 180)
+        # Mid-run: some of its calls answered.
+        wait_for(deployment.daemon, "LLM calls", lambda: simulator.stats()["total"] >= 40, 120)
+        lost_runs = {r.run_id for r in running_on_lost_host()}
+        lost.kill()
+        killed_at = time.time()
+        print(f"killed {lost.name} with runs {sorted(lost_runs)} in flight")
+
+    code = cli("submit", str(inbox), "--batch", "lost-host", "--wait", "--timeout", "400")
+    ids = [doc_id(t) for t in texts]
+    paid = [simulator.requests_for(task_of(d)) for d in ids]
+    with dg.DagsterInstance.get() as instance:
+        runs = wait_for_runs_to_end(deployment, instance, 120)
+        statuses = {r.run_id: r.status for r in runs}
+        failed = {r for r, s in statuses.items() if s == dg.DagsterRunStatus.FAILURE}
+        ended = [
+            round(record.end_time - killed_at, 1)
+            for record in instance.get_run_records(dg.RunsFilter(run_ids=list(lost_runs)))
+            if record.end_time
+        ]
+        messages = [
+            e.message
+            for run_id in failed
+            for e in instance.all_logs(run_id)
+            if "does not answer" in (e.message or "")
+        ]
+    print(
+        f"{len(runs)} runs, {len(failed)} failed, failed {ended} s after the kill; "
+        f"paid twice: {sum(p - 1 for p in paid if p > 1)}"
+    )
+    assert code == 0
+    assert all(p >= 1 for p in paid)
+    # At most the calls in flight on the lost host were paid again.
+    assert sum(p - 1 for p in paid) <= len(lost_runs) * LLM_CONCURRENCY
+    assert lost_runs <= failed and messages, (statuses, messages)
+    store = results_store()
+    counts = store.documents.count_by_state(ids)
+    assert counts.get(State.COMPLETED) == DOCUMENTS and not counts.get(State.RUNNING), counts
+    # One result row per document (document_id is the table's key).
+    url = os.environ["AI_PIPELINE_DATABASE_URL"].replace("postgresql://", "postgresql+psycopg2://")
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("select count(*) from results")).scalar_one()
+    engine.dispose()
+    assert rows == DOCUMENTS
