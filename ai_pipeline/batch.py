@@ -15,11 +15,11 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ai_pipeline.engine import STAGES, Analyser, Event, StageFailed
+from ai_pipeline.engine import Analyser
 from ai_pipeline.failures import Category
 from ai_pipeline.llm import RunStopped
 from ai_pipeline.redaction import redact
-from ai_pipeline.tasks import document_of
+from ai_pipeline.stages import Event, Stage, StageFailed
 from ai_pipeline.window import DocumentWindow
 
 # How long past the LLM client's timeout a stopped batch waits for its calls in flight.
@@ -57,8 +57,7 @@ def run_batch(
     per call the LLM client can have in flight).
     """
     out: queue.Queue[Any] = queue.Queue()
-    caller_log = analyser.log
-    analyser.log = _ForwardedLog(out)
+    caller_log = analyser.log_to(_ForwardedLog(out))
     loop = asyncio.new_event_loop()
     main: list[asyncio.Task[None]] = []
     children: list[tuple[str, asyncio.Future[None]]] = []
@@ -70,38 +69,33 @@ def run_batch(
             return  # its paid answer checkpointed after the batch was closed: nobody listens
         except Exception as e:  # a bug must fail this document, not the batch
             message = redact(f"{type(e).__name__}: {e}")[:500]
-            events = [StageFailed(document_id, STAGES[0], Category.INTERNAL_ERROR, message)]
+            events = [
+                StageFailed(document_id, Stage.DOCUMENT_TEXT, Category.INTERNAL_ERROR, message)
+            ]
         out.put(("done", document_id, events))
 
     async def run_all() -> None:
         # The run's claims are renewed while its documents run, and given up if it is stopped.
-        renewer = asyncio.ensure_future(analyser.claims.keep_renewing(analyser.log))
-        places = (
-            DocumentWindow(window)
-            if window is not None
-            else DocumentWindow.for_concurrency(analyser.llm.max_concurrency)
-        )
+        renewer = asyncio.ensure_future(analyser.keep_claims())
+        places = analyser.window(window)
         children.extend((d, asyncio.ensure_future(one(d, places))) for d in document_ids)
         try:
             # Each document's end, whatever it was: a stop cancels some of them (``stop``).
             await asyncio.gather(*(child for _, child in children), return_exceptions=True)
         finally:
             renewer.cancel()
-            await analyser.llm.aclose()
-            if analyser.notifier is not None:
-                await analyser.notifier.aclose()
+            await analyser.aclose()
 
     def stop() -> None:
         """Closed early: no new call goes out, and what waits or works is cancelled now — except
         the documents whose call is in flight. Their answers are paid for, so each comes in and is
         checkpointed before its document stops; a rerun never buys them again. Those calls end
         within the client's timeout; whatever still runs after that is cancelled too."""
-        analyser.llm.stop()
-        calling = {document_of(task) for task in analyser.llm.in_flight}
+        calling = analyser.stop()
         for document_id, child in children:
             if document_id not in calling:
                 child.cancel()
-        loop.call_later(analyser.llm.timeout_seconds + STOP_GRACE_SECONDS, main[0].cancel)
+        loop.call_later(analyser.call_timeout_seconds + STOP_GRACE_SECONDS, main[0].cancel)
 
     def work() -> None:
         try:
@@ -128,7 +122,7 @@ def run_batch(
             else:
                 break
     finally:
-        analyser.log = caller_log
+        analyser.log_to(caller_log)
         if worker.is_alive():
             # Closed early: stop what still runs (unless the loop has just finished by itself).
             if main and not loop.is_closed():

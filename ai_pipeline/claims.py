@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 
 from ai_pipeline.processes import current, gone
@@ -26,6 +29,11 @@ from ai_pipeline.store.leases import Lease
 
 DEFAULT_LEASE_SECONDS = 60.0
 DEFAULT_WAIT_SECONDS = 600.0
+
+
+def owner_id(run_id: str | None) -> str:
+    """Who holds a claim: the Dagster run, or this process when there is none."""
+    return run_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"[:64]
 
 
 class Claims:

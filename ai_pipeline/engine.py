@@ -6,10 +6,11 @@ One document goes through five stages, each of which is an asset in Dagster:
 ``completion_notice`` (only sends when a webhook is configured)
 
 :class:`Analyser` reports, per document and per stage, what happened as plain
-``StageDone``/``StageFailed`` events; ``ai_pipeline.batch`` runs many documents concurrently and the
-Dagster step in ``ai_pipeline.defs.assets`` turns the events into materializations and check
-evaluations. Nothing here imports Dagster, so the same code serves the CLI, the benchmark and the
-tests.
+``StageDone``/``StageFailed`` events (``ai_pipeline.stages``, where the stages are named); its LLM
+calls, each behind its checkpoint, whole or section by section, are ``ai_pipeline.calls``.
+``ai_pipeline.batch`` runs many documents concurrently, and the Dagster step in
+``ai_pipeline.defs.assets`` turns the events into materializations and check evaluations. Nothing
+here imports Dagster, so the same code serves the CLI, the benchmark and the tests.
 
 The rules that make a rerun safe:
 
@@ -31,60 +32,41 @@ The rules that make a rerun safe:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 import logging
-import os
-import socket
-import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pydantic import BaseModel
-
-from ai_pipeline.claims import DEFAULT_LEASE_SECONDS, DEFAULT_WAIT_SECONDS, Claims
-from ai_pipeline.declaration import (
-    DEFAULT_MIN_CONFIDENCE,
-    DEFAULT_SECTION_CHARS,
-    CheckOutcome,
-    Evaluation,
-    Section,
-)
+from ai_pipeline.calls import AnalysisCalls
+from ai_pipeline.claims import DEFAULT_LEASE_SECONDS, DEFAULT_WAIT_SECONDS, Claims, owner_id
+from ai_pipeline.declaration import DEFAULT_MIN_CONFIDENCE, DEFAULT_SECTION_CHARS
 from ai_pipeline.failures import Category, ClassifiedError
-from ai_pipeline.llm import LLMClient, LLMReply, Messages, RunStopped
+from ai_pipeline.llm import LLMClient
 from ai_pipeline.notify import Notifier
-from ai_pipeline.outcomes import Outcomes
+from ai_pipeline.outcomes import Outcomes, start
 from ai_pipeline.redaction import redact
 from ai_pipeline.retry import Log
 from ai_pipeline.review import resolve_if_approved
 from ai_pipeline.spend import count_tokens
+from ai_pipeline.stages import (
+    Cancelled,
+    Event,
+    Stage,
+    StageDeferred,
+    StageDone,
+    StageError,
+    StageFailed,
+    shown,
+    stage_in_progress,
+)
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline.store.database import StoreUnavailable
 from ai_pipeline.store.rows import ResultRow, StoredDocument
-from ai_pipeline.tasks import (
-    ANALYSE_STEP,
-    NOTIFY_STEP,
-    REDUCE_STEP,
-    SUBMITTED,
-    TaskLog,
-    document_of,
-    section_step,
-    task_id,
-)
+from ai_pipeline.tasks import ANALYSE_STEP, NOTIFY_STEP, TaskLog, document_of, task_id
 from ai_pipeline.tracing import document_span, mark_failed
-from ai_pipeline.truncation import larger_limit, output_limit, recut
 from ai_pipeline.window import DocumentWindow
 
-STAGES = (
-    "document_text",
-    "llm_analysis",
-    "validated_analysis",
-    "analysis_results",
-    "completion_notice",
-)
 DEFAULT_RETRY_BUDGET = 3
 
 
@@ -92,63 +74,6 @@ class ResultsWriter(Protocol):
     """Where validated analyses go: the results IO manager in Dagster, the store's results here."""
 
     def upsert(self, rows: Sequence[ResultRow]) -> int: ...
-
-
-@dataclass(frozen=True)
-class StageDone:
-    document_id: str
-    stage: str
-    metadata: dict[str, Any]
-    checks: tuple[CheckOutcome, ...] = ()
-
-
-@dataclass(frozen=True)
-class StageFailed:
-    document_id: str
-    stage: str
-    category: Category
-    error: str
-    task_id: str | None = None
-
-
-@dataclass(frozen=True)
-class StageDeferred:
-    """Another live run holds the document: left to it, neither done nor failed here."""
-
-    document_id: str
-    task_id: str
-    holder: str
-
-
-Event = StageDone | StageFailed | StageDeferred
-
-
-class _Cancelled(Exception):
-    """The document's submitter cancelled it while this run held it."""
-
-
-class _StageError(ClassifiedError):
-    def __init__(self, stage: str, category: Category, message: str, task: str | None = None):
-        super().__init__(category, message)
-        self.stage = stage
-        self.task = task  # the call it is about, when not the document's own (a section)
-
-
-def _start(store: Store, doc: StoredDocument, run_id: str | None) -> State:
-    """Move a document (whose claim the caller holds, just loaded) to RUNNING along the legal path,
-    in one update; returns the state it was in. COMPLETED and CANCELLED documents keep their
-    state: a rerun only re-reports their checkpoints."""
-    if doc.state in (State.COMPLETED, State.CANCELLED):
-        return doc.state
-    # From PENDING, FAILED or DEAD_LETTER through QUEUED; or RUNNING left behind by a run that died.
-    return store.documents.transition(
-        doc.document_id, State.RUNNING, through=State.QUEUED, run_id=run_id
-    )
-
-
-def _owner_id(run_id: str | None) -> str:
-    """Who holds a claim: the Dagster run, or this process when there is none."""
-    return run_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"[:64]
 
 
 class Analyser:
@@ -176,16 +101,14 @@ class Analyser:
         self.results = results
         self.log: Log = log or logging.getLogger("ai_pipeline")
         self.run_id = run_id
-        self.min_confidence = min_confidence
-        self.section_chars = section_chars
+        self.calls = AnalysisCalls(store, llm, min_confidence, section_chars)
         self.notifier = notifier
         self.retry_budget = retry_budget
         self.outcomes = Outcomes(store, run_id=run_id, retry_budget=retry_budget)
         self.claims = Claims(
-            store, _owner_id(run_id), lease_seconds=lease_seconds, wait_seconds=claim_wait_seconds
+            store, owner_id(run_id), lease_seconds=lease_seconds, wait_seconds=claim_wait_seconds
         )
-        if llm.on_failure is None:
-            llm.on_failure = self._record_attempt
+        llm.report_failures_to(self._record_attempt)
 
     def task_for(self, document_id: str) -> str:
         return task_id(document_id, ANALYSE_STEP, self.analysis.tag(), self.llm.model)
@@ -196,6 +119,43 @@ class Analyser:
         happens inside the batch's ``window`` (``ai_pipeline.window``)."""
         async with window if window is not None else contextlib.nullcontext():
             return await self._traced(document_id, window)
+
+    # --- what a batch runner uses (``ai_pipeline.batch``) ---------------------------------------
+
+    def log_to(self, log: Log) -> Log:
+        """Write this analyser's log lines to ``log`` from now on (a batch's worker thread hands
+        them to the caller's); returns where they went before."""
+        before, self.log = self.log, log
+        return before
+
+    def window(self, size: int | None = None) -> DocumentWindow:
+        """How many documents of a batch are worked on at once: ``size``, or by default two per
+        call the LLM client can have in flight."""
+        if size is not None:
+            return DocumentWindow(size)
+        return DocumentWindow.for_concurrency(self.llm.max_concurrency)
+
+    async def keep_claims(self) -> None:
+        """Renew this run's claims while its documents run (until cancelled)."""
+        await self.claims.keep_renewing(self.log)
+
+    def stop(self) -> set[str]:
+        """Send no new call; the documents whose call is in flight, which come in within
+        ``call_timeout_seconds`` (their answers are paid for: each is checkpointed as it comes)."""
+        self.llm.stop()
+        return {document_of(task) for task in self.llm.in_flight}
+
+    @property
+    def call_timeout_seconds(self) -> float:
+        return self.llm.timeout_seconds
+
+    async def aclose(self) -> None:
+        """Close the connections of the LLM client and of the notifier."""
+        await self.llm.aclose()
+        if self.notifier is not None:
+            await self.notifier.aclose()
+
+    # --- one document -----------------------------------------------------------------------
 
     async def _traced(self, document_id: str, window: DocumentWindow | None) -> list[Event]:
         task = self.task_for(document_id)
@@ -214,13 +174,15 @@ class Analyser:
         if doc is None:
             error = f"document {document_id} is not registered in the results database"
             log.error(error)
-            return [StageFailed(document_id, STAGES[0], Category.INTERNAL_ERROR, error, task)]
+            return [
+                StageFailed(document_id, Stage.DOCUMENT_TEXT, Category.INTERNAL_ERROR, error, task)
+            ]
         if doc.rejected_by_reviewer:
             # A reviewer rejected it: nothing about it runs again, nothing downstream happens.
             category = doc.category or Category.INTERNAL_ERROR
             log.info("rejected by a reviewer; not processed")
             error = f"rejected by a reviewer: {doc.status_message}"
-            return [StageFailed(document_id, STAGES[0], category, error, task)]
+            return [StageFailed(document_id, Stage.DOCUMENT_TEXT, category, error, task)]
         holder = await self.claims.take(
             task, document_id, log, waiting=window.stepped_out if window is not None else None
         )
@@ -238,22 +200,24 @@ class Analyser:
         assert doc is not None
         previous: State | None = None
         try:
-            previous = _start(self.store, doc, self.run_id)
+            previous = start(self.store, doc, self.run_id)
             if previous == State.CANCELLED:
                 log.info("cancelled; skipped")
                 return events
             if doc.cancel_requested:
-                raise _Cancelled()
+                raise Cancelled()
             # Stages append as they finish, so the ones done before a failure are still reported.
             await self._stages(doc, task, log, events)
-        except _Cancelled:
+        except Cancelled:
             # Back along the state machine; a paid answer stays checkpointed, nothing downstream.
             self.store.documents.transition(document_id, State.QUEUED)
             self.store.documents.transition(document_id, State.CANCELLED)
             log.info("cancelled by its submitter; stopped")
             return events
         except ClassifiedError as e:
-            stage = getattr(e, "stage", "llm_analysis")
+            # Where it was raised, else the stage the document was in: a database outage during
+            # the upsert is the results' failure, not the analysis's.
+            stage = getattr(e, "stage", None) or stage_in_progress(events)
             failed_task = getattr(e, "task", None) or task
             events.append(
                 StageFailed(document_id, stage, e.category, redact(e.message), failed_task)
@@ -261,7 +225,7 @@ class Analyser:
         except Exception as e:  # a bug must fail this document, not the batch
             message = redact(f"{type(e).__name__}: {e}")[:500]
             log.error(f"unexpected error: {message}")
-            stage = STAGES[min(len(events), len(STAGES) - 1)]
+            stage = stage_in_progress(events)
             events.append(StageFailed(document_id, stage, Category.INTERNAL_ERROR, message, task))
         failure = next((e for e in events if isinstance(e, StageFailed)), None)
         if previous == State.COMPLETED:
@@ -299,7 +263,9 @@ class Analyser:
         except StoreUnavailable as e:
             log.error(f"could not record the outcome: {e.message}")
             if failure is None:
-                events.append(StageFailed(document_id, STAGES[-1], e.category, e.message, task))
+                events.append(
+                    StageFailed(document_id, Stage.COMPLETION_NOTICE, e.category, e.message, task)
+                )
         return events
 
     def _record_attempt(self, task: str, category: Category, request: int, error: str) -> None:
@@ -326,8 +292,8 @@ class Analyser:
         sources = self.store.documents.sources([document_id]).get(document_id, [doc.source])
 
         if doc.rejected_reason or doc.text is None:
-            raise _StageError(
-                "document_text",
+            raise StageError(
+                Stage.DOCUMENT_TEXT,
                 Category.INPUT_QUALITY_ISSUE,
                 f"{doc.source}: {doc.rejected_reason or 'no text'}",
             )
@@ -335,7 +301,7 @@ class Analyser:
         events.append(
             StageDone(
                 document_id,
-                "document_text",
+                Stage.DOCUMENT_TEXT,
                 {
                     "source": doc.source,
                     "aliases": len(sources) - 1,
@@ -348,31 +314,12 @@ class Analyser:
             )
         )
 
-        sections = self.analysis.cut(text, self.section_chars)
-        parts: list[dict[str, Any]] | None = None
-        # A reduce call makes the document's output (another model than a section's): a text of
-        # one section goes through it too.
-        whole = len(sections) == 1 and not (self.analysis.reduce and self.analysis.reduce.is_call)
-        if whole:
-            try:
-                reply, from_checkpoint = await self._call(
-                    doc, task, ANALYSE_STEP, self.analysis.messages(text), log
-                )
-            except _StageError as e:
-                # Too long for the model's context: cut into sections when the analysis has them.
-                sections = recut(self.analysis, text, e) or []
-                if not sections:
-                    raise
-                log.warning(f"too long for the model's context: cut into {len(sections)} sections")
-        if whole and len(sections) == 1:
-            verdict = self._evaluate(reply, text)
-        else:
-            reply, from_checkpoint, verdict, parts = await self._sectioned(doc, task, sections, log)
+        reply, from_checkpoint, verdict, parts = await self.calls.analyse(doc, task, text, log)
         spent = self.store.spend.for_documents([document_id]).get(document_id)
         events.append(
             StageDone(
                 document_id,
-                "llm_analysis",
+                Stage.LLM_ANALYSIS,
                 {
                     "task_id": task,
                     "analysis": self.analysis.name,
@@ -414,10 +361,10 @@ class Analyser:
                 self.store.reviews.quarantine(
                     document_id, task, reply.content, failed_check.message
                 )
-            raise _StageError("validated_analysis", failed_check.category, failed_check.message)
+            raise StageError(Stage.VALIDATED_ANALYSIS, failed_check.category, failed_check.message)
         output = verdict.output.model_dump(mode="json")
         events.append(
-            StageDone(document_id, "validated_analysis", {"task_id": task, **_shown(output)})
+            StageDone(document_id, Stage.VALIDATED_ANALYSIS, {"task_id": task, **shown(output)})
         )
         self.results.upsert(
             [
@@ -437,7 +384,7 @@ class Analyser:
         events.append(
             StageDone(
                 document_id,
-                "analysis_results",
+                Stage.ANALYSIS_RESULTS,
                 {"task_id": task, "source": doc.source, "sources": len(sources)},
             )
         )
@@ -449,142 +396,10 @@ class Analyser:
             events.append(
                 StageDone(
                     document_id,
-                    "completion_notice",
+                    Stage.COMPLETION_NOTICE,
                     {"sent": False, "reason": "no webhook configured (AI_PIPELINE_WEBHOOK_URL)"},
                 )
             )
-
-    async def _call(
-        self,
-        doc: StoredDocument,
-        task: str,
-        step: str,
-        messages: Messages,
-        log: TaskLog,
-        *,
-        reduce: bool = False,
-    ) -> tuple[LLMReply, bool]:
-        """One LLM call behind its checkpoint: the stored answer when there is one (and whether
-        it was), else the call, made durable before anything else is done with it."""
-        payload = self.store.checkpoints.get(task)
-        if payload is not None:
-            log.info(f"LLM checkpoint of {task} found; no call")
-            return LLMReply.from_payload(payload), True
-        submitted = doc.source.startswith(SUBMITTED)
-        if submitted and self.store.documents.cancel_requested(doc.document_id):
-            raise _Cancelled()
-        log.info(
-            f"calling {self.llm.model} ({self.analysis.name} {self.analysis.version}) for {task}"
-        )
-        try:
-            response_format = self.analysis.response_format(reduce=reduce)
-            settings = self.analysis.model
-            reply = await self.llm.analyse(
-                task, messages, response_format=response_format, settings=settings, log=log
-            )
-            reserved = self.llm.meter.max_completion_tokens if self.llm.meter else None
-            larger = larger_limit(self.llm.model, settings, reserved)
-            if reply.finish_reason == "length" and larger is not None:
-                log.warning(
-                    f"the reply was cut off at {output_limit(self.llm.model, settings, reserved)}"
-                    f" tokens; asking once more with {larger.max_output_tokens}"
-                )
-                reply = await self.llm.analyse(
-                    task, messages, response_format=response_format, settings=larger, log=log
-                )
-        except ClassifiedError as e:
-            raise _StageError("llm_analysis", e.category, e.message, task) from e
-        # A crash after this line never pays for the same call again.
-        self.store.checkpoints.put(task, doc.document_id, step, reply.to_payload())
-        if self.llm.stopping:
-            # The run stopped while this call was in flight: its answer is kept, the rest is
-            # left to the next run.
-            raise RunStopped(f"stopped after the checkpoint of {task}")
-        if submitted and self.store.documents.cancel_requested(doc.document_id):
-            raise _Cancelled()
-        return reply, False
-
-    def _evaluate(self, reply: LLMReply, text: str, *, reduce: bool = False) -> Evaluation:
-        return self.analysis.evaluate(
-            reply.content,
-            text,
-            finish_reason=reply.finish_reason,
-            min_confidence=self.min_confidence,
-            reduce=reduce,
-            refusal=reply.refusal,
-        )
-
-    async def _sectioned(
-        self, doc: StoredDocument, task: str, sections: list[Section], log: TaskLog
-    ) -> tuple[LLMReply, bool, Evaluation, list[dict[str, Any]]]:
-        """A long document's sections analysed concurrently (within the run's LLM limit), each
-        behind its own checkpoint; a section whose reply fails a check fails the document under
-        that section's task id (a reviewer's retry then calls that section alone again). The
-        sections' outputs are then reduced as the analysis declares: merged by its function and
-        checked against the whole text, or read by one more call (its own task and checkpoint)
-        whose reply is checked as the document's."""
-        total = len(sections)
-        self.store.documents.set_sections(doc.document_id, total)
-        tag = self.analysis.tag(reduce=False)
-
-        async def one(section: Section) -> tuple[str, LLMReply, bool, Evaluation]:
-            step = section_step(section.index)
-            section_task = task_id(doc.document_id, step, tag, self.llm.model)
-            messages = self.analysis.messages(section.text)
-            reply, cached = await self._call(doc, section_task, step, messages, log)
-            return section_task, reply, cached, self._evaluate(reply, section.text)
-
-        # Every section runs to its end (and its checkpoint) before a failure is raised.
-        outcomes = await asyncio.gather(*(one(s) for s in sections), return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
-        done = [o for o in outcomes if not isinstance(o, BaseException)]
-        parts: list[tuple[Section, BaseModel]] = []
-        for section, (section_task, reply, _, verdict) in zip(sections, done, strict=True):
-            failed = verdict.failure
-            # A reviewer may have accepted this section's stored output although a check failed.
-            accepted = (
-                failed is not None
-                and verdict.output is not None
-                and self.store.reviews.override(section_task) is not None
-            )
-            if failed is not None and not accepted:
-                assert failed.category is not None
-                if failed.category == Category.MODEL_HALLUCINATION:
-                    self.store.reviews.quarantine(
-                        doc.document_id, section_task, reply.content, failed.message
-                    )
-                label = self.analysis.sections.label if self.analysis.sections else "section"
-                where = f"{label} {section.index}/{total} ({section.title})"
-                # The document's analysis does not exist: it fails at llm_analysis.
-                raise _StageError(
-                    "llm_analysis", failed.category, f"{where}: {failed.message}", section_task
-                )
-            assert verdict.output is not None
-            parts.append((section, verdict.output))
-        replies = [r for _, r, _, _ in done]
-        cached = all(c for _, _, c, _ in done)
-        stored = [
-            {"index": s.index, "title": s.title, "output": o.model_dump(mode="json")}
-            for s, o in parts
-        ]
-        reduce = self.analysis.reduce
-        assert reduce is not None
-        if reduce.merge is not None:
-            reply = _sum_of(replies, content=reduce.merge(parts).model_dump_json())
-            log.info(f"{total} sections analysed and merged")
-            return reply, cached, self._evaluate(reply, doc.text or ""), stored
-        reduce_task = task_id(doc.document_id, REDUCE_STEP, self.analysis.tag(), self.llm.model)
-        text = json.dumps(stored, ensure_ascii=False, indent=1)
-        messages = self.analysis.messages(text, instructions=reduce.instructions)
-        reduced, reduce_cached = await self._call(
-            doc, reduce_task, REDUCE_STEP, messages, log, reduce=True
-        )
-        log.info(f"{total} sections analysed and reduced")
-        reply = _sum_of([*replies, reduced], content=reduced.content)
-        verdict = self._evaluate(reduced, doc.text or "", reduce=True)
-        return reply, cached and reduce_cached, verdict, stored
 
     async def _notify(
         self,
@@ -610,7 +425,7 @@ class Analyser:
             try:
                 delivery = await self.notifier.send(notice_task, notice, log)
             except ClassifiedError as e:
-                raise _StageError("completion_notice", e.category, e.message) from e
+                raise StageError(Stage.COMPLETION_NOTICE, e.category, e.message) from e
             payload = self.store.checkpoints.put(
                 notice_task, document_id, NOTIFY_STEP, delivery.to_payload()
             )
@@ -618,7 +433,7 @@ class Analyser:
         events.append(
             StageDone(
                 document_id,
-                "completion_notice",
+                Stage.COMPLETION_NOTICE,
                 {
                     "task_id": notice_task,
                     "sent": True,
@@ -628,44 +443,3 @@ class Analyser:
                 },
             )
         )
-
-
-def _sum_of(replies: list[LLMReply], *, content: str) -> LLMReply:
-    """One reply standing for several calls: their tokens and time added up."""
-    return LLMReply(
-        content=content,
-        finish_reason="stop",
-        model=replies[0].model,
-        prompt_tokens=sum(r.prompt_tokens or 0 for r in replies),
-        completion_tokens=sum(r.completion_tokens or 0 for r in replies),
-        latency_ms=sum(r.latency_ms or 0 for r in replies),
-    )
-
-
-def _shown(output: dict[str, Any]) -> dict[str, Any]:
-    """An output's top-level values as a person reads them in the UI: numbers and short text as
-    they are, lists of text joined, anything else as JSON."""
-    shown: dict[str, Any] = {}
-    for name, value in output.items():
-        if isinstance(value, bool | int | float) or value is None:
-            shown[name] = value
-        elif isinstance(value, str):
-            shown[name] = value[:500]
-        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-            shown[name] = ", ".join(value)[:500]
-        else:
-            shown[name] = json.dumps(value, ensure_ascii=False)[:500]
-    return shown
-
-
-def requeue(store: Store, document_id: str, *, by: str) -> bool:
-    """Take a document out of the dead letter (attempts reset) so that the next backfill picks it
-    up; False when it is not in the dead letter. Raises KeyError for an unknown document."""
-    doc = store.documents.get(document_id)
-    if doc is None:
-        raise KeyError(document_id)
-    if doc.state != State.DEAD_LETTER:
-        return False
-    store.documents.transition(document_id, State.QUEUED, reset_attempts=True)
-    store.events.add_history(document_id, "REQUEUED", f"by {by}")
-    return True

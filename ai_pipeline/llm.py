@@ -4,8 +4,8 @@ The SDK's own retries are off (``max_retries=0``): every call goes through the o
 ``ai_pipeline.retry`` (network faults retried twice, a 429 waited out once a minute), and every
 retry reuses the same task id and ``Idempotency-Key``. What this client adds:
 
-- classification of every openai exception into a category (``classify``), and a description of it
-  without headers or keys (``describe``);
+- classification of every openai exception into a category, and a description of it without
+  headers or keys (``ai_pipeline.llm_errors``);
 - AUTH_FAILED (401/403): refresh the credentials once — re-read the key from its source — and
   resubmit; if that fails too the circuit opens and every other call of the run fails fast. Until a
   call has gone through, calls go one at a time, so bad credentials cost at most two requests;
@@ -13,7 +13,8 @@ retry reuses the same task id and ``Idempotency-Key``. What this client adds:
   nothing listens): the circuit opens at the first such reply, with a message naming the setting
   (``ai_pipeline.misconfiguration``); the calls already in flight are all the run sends;
 - a shared limiter (requests per minute, calls in flight) that keeps a run from causing 429s in the
-  first place.
+  first place (``ai_pipeline.llm_access``: the key in use, the per-minute limit, the
+  budget a request reserves from).
 
 Only the document whose call failed waits; the others of the batch go on. Works with any
 OpenAI-compatible endpoint by ``base_url`` (OpenAI, Azure OpenAI, vLLM, Ollama, the simulator).
@@ -22,58 +23,22 @@ OpenAI-compatible endpoint by ``base_url`` (OpenAI, Azure OpenAI, vLLM, Ollama, 
 from __future__ import annotations
 
 import asyncio
-import os
-import shlex
-import subprocess
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from opentelemetry import trace
 
 from ai_pipeline.declaration import ModelSettings
 from ai_pipeline.endpoints import request_parameters
-from ai_pipeline.failures import Category, ClassifiedError, category_for_reply
+from ai_pipeline.failures import Category, ClassifiedError
+from ai_pipeline.llm_access import Credentials, Meter, RateLimiter, billed_details, limit_of
+from ai_pipeline.llm_errors import attempt_failure, classify, describe
 from ai_pipeline.misconfiguration import connection_refused, refused_message, unreachable_message
-from ai_pipeline.redaction import redact, register_secret
-from ai_pipeline.retry import AttemptFailure, Log, NullLog, Retrier, RetryHook, parse_retry_after
+from ai_pipeline.retry import AttemptFailure, Log, NullLog, Retrier, RetryHook
 from ai_pipeline.tracing import mark_failed, span
-
-
-class Meter(Protocol):
-    """What a client reports its spending to (``ai_pipeline.spend.Meter``): a reservation before
-    each request (raising ClassifiedError when none can be had), its usage after it, and the
-    completion limit a request must carry (None: none)."""
-
-    @property
-    def max_completion_tokens(self) -> int | None: ...
-
-    def reserve(
-        self,
-        task_id: str,
-        model: str,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        completion_tokens: int | None = ...,
-        response_format: Mapping[str, Any] | None = ...,
-    ) -> Any: ...
-
-    def settle(
-        self,
-        reservation: Any,
-        *,
-        outcome: str = ...,
-        model: str | None = ...,
-        prompt_tokens: int | None = ...,
-        completion_tokens: int | None = ...,
-        usage_reported: bool = ...,
-        cached_tokens: int | None = ...,
-        reasoning_tokens: int | None = ...,
-    ) -> Any: ...
-
 
 MAX_NETWORK_PROBES = 3
 # The chat messages of one call, as the analysis's declaration writes them.
@@ -118,84 +83,6 @@ class LLMReply:
     @classmethod
     def from_payload(cls, payload: dict) -> LLMReply:
         return cls(**{k: payload.get(k) for k in cls.__dataclass_fields__})  # type: ignore[arg-type]
-
-
-def classify(error: BaseException) -> Category:
-    """The category of an exception raised by the openai SDK."""
-    import openai  # the SDK is imported where it is used: most processes never call the LLM
-
-    if isinstance(error, ClassifiedError):
-        return error.category
-    if isinstance(error, openai.APIStatusError):
-        status = getattr(error, "status_code", None)
-        if isinstance(status, int) and 400 <= status <= 599:
-            return category_for_reply(
-                status, code=_text(error, "code"), param=_text(error, "param")
-            )
-        return Category.INTERNAL_ERROR
-    # APITimeoutError is a subclass of APIConnectionError: both are the network layer.
-    if isinstance(error, (openai.APIConnectionError, TimeoutError, ConnectionError)):
-        return Category.NETWORK_TIMEOUT
-    if isinstance(
-        error,
-        (
-            openai.LengthFinishReasonError,
-            openai.ContentFilterFinishReasonError,
-            openai.APIResponseValidationError,
-        ),
-    ):
-        return Category.SCHEMA_VIOLATION
-    return Category.INTERNAL_ERROR
-
-
-def _text(error: BaseException, name: str) -> str | None:
-    """A field of the error object the endpoint sent (``code``, ``param``), when it is text."""
-    value = getattr(error, name, None)
-    return value if isinstance(value, str) else None
-
-
-def describe(error: BaseException) -> str:
-    """A one-line description of an SDK error, without request headers or keys."""
-    import openai
-
-    if isinstance(error, ClassifiedError):
-        return redact(error.message)[:500]
-    if isinstance(error, openai.APIStatusError):
-        message = error.message if isinstance(error.message, str) else str(error.message)
-        text = f"HTTP {error.status_code}: {message}"
-    elif isinstance(error, openai.APITimeoutError):
-        text = "APITimeoutError: the request timed out"
-    else:
-        text = f"{type(error).__name__}: {error}"
-    return redact(text)[:500]
-
-
-def attempt_failure(error: BaseException) -> AttemptFailure:
-    """What one failed request of the SDK means to the retry policy: category, message, wait."""
-    response = getattr(error, "response", None)
-    return AttemptFailure(
-        classify(error),
-        describe(error),
-        retry_after=parse_retry_after(getattr(response, "headers", None)),
-        cause=error,
-    )
-
-
-def billed_details(usage: Any) -> tuple[int | None, int | None]:
-    """The cached prompt tokens and the reasoning tokens of a reply's ``usage``
-    (``prompt_tokens_details.cached_tokens``, ``completion_tokens_details.reasoning_tokens``);
-    None for each the endpoint does not report (many OpenAI-compatible servers omit both)."""
-
-    def count(details: Any, name: str) -> int | None:
-        value = getattr(details, name, None) if details is not None else None
-        return value if isinstance(value, int) else None
-
-    if usage is None:
-        return None, None
-    return (
-        count(getattr(usage, "prompt_tokens_details", None), "cached_tokens"),
-        count(getattr(usage, "completion_tokens_details", None), "reasoning_tokens"),
-    )
 
 
 def chat_request(
@@ -251,102 +138,6 @@ def reply_of(completion: Any, model: str, latency_ms: int) -> LLMReply:
         completion_tokens=usage.completion_tokens if usage else None,
         latency_ms=latency_ms,
     )
-
-
-def _limit_of(parameters: Mapping[str, Any]) -> int | None:
-    """The completion limit a request carries, under whichever name it sends it."""
-    limit = parameters.get("max_completion_tokens", parameters.get("max_tokens"))
-    return limit if isinstance(limit, int) else None
-
-
-# --- credentials ---------------------------------------------------------------------------------
-
-
-class Credentials:
-    """The API key in use, and where a fresh one comes from when the endpoint refuses it.
-
-    The source is, in order: a file (``key_file``: its stripped content), a command
-    (``key_command``: its stripped standard output), or the environment variable ``key_env`` read
-    again. Every key read is registered for redaction.
-    """
-
-    def __init__(
-        self,
-        key: str,
-        *,
-        key_file: str | None = None,
-        key_command: str | None = None,
-        key_env: str = "OPENAI_API_KEY",
-    ):
-        self.key = key
-        self.generation = 0
-        self.key_file = key_file
-        self.key_command = key_command
-        self.key_env = key_env
-        self._lock = asyncio.Lock()
-        register_secret(key)
-
-    def read_source(self) -> str | None:
-        if self.key_file:
-            return Path(self.key_file).read_text("utf-8").strip() or None
-        if self.key_command:
-            out = subprocess.run(
-                shlex.split(self.key_command), capture_output=True, text=True, timeout=30
-            )
-            return out.stdout.strip() if out.returncode == 0 else None
-        return os.environ.get(self.key_env) or None
-
-    async def refresh(self, seen_generation: int) -> bool:
-        """Get a fresh key unless another call already did; False when no new key is to be had."""
-        async with self._lock:
-            if self.generation != seen_generation:
-                return True
-            try:
-                fresh = await asyncio.to_thread(self.read_source)
-            except (OSError, subprocess.SubprocessError):
-                return False
-            if not fresh or fresh == self.key:
-                return False
-            register_secret(fresh)
-            self.key = fresh
-            self.generation += 1
-            return True
-
-
-# --- limiting ------------------------------------------------------------------------------------
-
-
-class RateLimiter:
-    """At most ``per_minute`` requests in any rolling minute (None: no limit)."""
-
-    def __init__(
-        self,
-        per_minute: int | None,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ):
-        self.per_minute = per_minute
-        self._clock = clock
-        self._sleep = sleep
-        self._sent: deque[float] = deque()
-        self._lock = asyncio.Lock()
-
-    async def acquire(self) -> None:
-        if not self.per_minute:
-            return
-        async with self._lock:
-            while True:
-                now = self._clock()
-                while self._sent and now - self._sent[0] >= 60.0:
-                    self._sent.popleft()
-                if len(self._sent) < self.per_minute:
-                    self._sent.append(now)
-                    return
-                await self._sleep(60.0 - (now - self._sent[0]))
-
-
-# --- the client ----------------------------------------------------------------------------------
 
 
 class RunStopped(BaseException):  # noqa: N818 - a stop, like asyncio.CancelledError, not an error
@@ -410,6 +201,12 @@ class LLMClient:
     def in_flight(self) -> set[str]:
         """The task ids whose request has been sent and whose reply is not yet handed back."""
         return set(self._in_flight)
+
+    def report_failures_to(self, hook: RetryHook) -> None:
+        """Where each failed request the client retries or waits out is reported (the analyser
+        records it as an event), unless the client was built with a hook of its own."""
+        if self.on_failure is None:
+            self.on_failure = hook
 
     def stop(self) -> None:
         """Send no new request (each raises ``RunStopped``); those in flight go on to their reply:
@@ -591,7 +388,7 @@ class LLMClient:
                     task_id,
                     self.model,
                     messages,
-                    completion_tokens=_limit_of(body),
+                    completion_tokens=limit_of(body),
                     response_format=request.response_format,
                 )
                 if self.meter

@@ -45,14 +45,9 @@ from typing import Any
 
 from ai_pipeline.declaration import DEFAULT_SECTION_CHARS
 from ai_pipeline.failures import Category, ClassifiedError, category_for_reply
-from ai_pipeline.llm import (
-    LLMReply,
-    billed_details,
-    chat_request,
-    classify,
-    describe,
-    reply_of,
-)
+from ai_pipeline.llm import LLMReply, chat_request, reply_of
+from ai_pipeline.llm_access import billed_details
+from ai_pipeline.llm_errors import classify, describe
 from ai_pipeline.redaction import redact, register_secret
 from ai_pipeline.settings import Settings
 from ai_pipeline.spend import (

@@ -1,5 +1,6 @@
-"""Where a run leaves a document it held: its final state, its failure events, a person's queue,
-the dead letter — or, when the run stopped on its own settings, back in the queue as it was.
+"""Where a run takes a document up (RUNNING) and where it leaves it: its final state, its failure
+events, a person's queue, the dead letter — or, when the run stopped on its own settings, back in
+the queue as it was; and a person's ``requeue`` out of the dead letter.
 
 ``ai_pipeline.engine`` decides what happened to a document; this records it, along the state
 machine of ``ai_pipeline.states``.
@@ -19,7 +20,7 @@ from ai_pipeline.store.rows import StoredDocument
 
 
 class Failure(Protocol):
-    """How a document failed (``ai_pipeline.engine.StageFailed``)."""
+    """How a document failed (``ai_pipeline.stages.StageFailed``)."""
 
     @property
     def stage(self) -> str: ...
@@ -29,6 +30,18 @@ class Failure(Protocol):
     def error(self) -> str: ...
     @property
     def task_id(self) -> str | None: ...
+
+
+def start(store: Store, doc: StoredDocument, run_id: str | None) -> State:
+    """Move a document (whose claim the caller holds, just loaded) to RUNNING along the legal path,
+    in one update; returns the state it was in. COMPLETED and CANCELLED documents keep their
+    state: a rerun only re-reports their checkpoints."""
+    if doc.state in (State.COMPLETED, State.CANCELLED):
+        return doc.state
+    # From PENDING, FAILED or DEAD_LETTER through QUEUED; or RUNNING left behind by a run that died.
+    return store.documents.transition(
+        doc.document_id, State.RUNNING, through=State.QUEUED, run_id=run_id
+    )
 
 
 class Outcomes:
@@ -101,3 +114,16 @@ class Outcomes:
             detail = f"{attempts} retryable failures (budget {self.retry_budget})"
             self.store.events.add_history(document_id, "DEAD_LETTER", detail, task_id=task)
             log.error(f"moved to DEAD_LETTER after {detail}; `ai-pipeline requeue` puts it back")
+
+
+def requeue(store: Store, document_id: str, *, by: str) -> bool:
+    """Take a document out of the dead letter (attempts reset) so that the next backfill picks it
+    up; False when it is not in the dead letter. Raises KeyError for an unknown document."""
+    doc = store.documents.get(document_id)
+    if doc is None:
+        raise KeyError(document_id)
+    if doc.state != State.DEAD_LETTER:
+        return False
+    store.documents.transition(document_id, State.QUEUED, reset_attempts=True)
+    store.events.add_history(document_id, "REQUEUED", f"by {by}")
+    return True

@@ -122,6 +122,11 @@ SETTINGS: dict[str, Setting] = {
     "sensor_interval_seconds": Setting(
         "AI_PIPELINE_SENSOR_INTERVAL", 30, "seconds between inbox sensor ticks (at load)"
     ),
+    "batch_api_interval_seconds": Setting(
+        "AI_PIPELINE_BATCH_API_INTERVAL",
+        120,
+        "seconds between ticks of the sensor that follows Batch API jobs (at load)",
+    ),
     "backfill_run_size": Setting(
         "AI_PIPELINE_BACKFILL_RUN_SIZE",
         None,
@@ -211,6 +216,7 @@ class Settings:
     lease_seconds: float
     claim_wait_seconds: float
     sensor_interval_seconds: int
+    batch_api_interval_seconds: int
     sensor_max_files: int
     backfill_run_size: int | None
     nightly_cron: str
@@ -296,6 +302,7 @@ _AT_LEAST_ONE = (
     "backfill_run_size",
     "sensor_max_files",
     "sensor_interval_seconds",
+    "batch_api_interval_seconds",
     "section_chars",
     "completion_reserve_tokens",
 )

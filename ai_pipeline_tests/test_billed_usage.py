@@ -19,7 +19,8 @@ from ai_pipeline.declaration import ModelSettings
 from ai_pipeline.documents import parse_document
 from ai_pipeline.engine import Analyser
 from ai_pipeline.failures import Category
-from ai_pipeline.llm import LLMClient, billed_details
+from ai_pipeline.llm import LLMClient
+from ai_pipeline.llm_access import billed_details
 from ai_pipeline.rehearsal.faults import SimulatorConfig
 from ai_pipeline.rehearsal.openai_rules import reasoning_tokens
 from ai_pipeline.rehearsal.simulator import SimulatorServer

@@ -12,9 +12,10 @@ import pytest
 from ai_pipeline.analyses import CONTRACT_REVIEW
 from ai_pipeline.batch import run_batch
 from ai_pipeline.documents import parse_document
-from ai_pipeline.engine import Analyser, StageDone, StageFailed
+from ai_pipeline.engine import Analyser
 from ai_pipeline.llm import LLMClient
 from ai_pipeline.rehearsal.simulator import SimulatorServer
+from ai_pipeline.stages import StageDone, StageFailed
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline.tasks import ANALYSE_STEP, REDUCE_STEP, section_step, task_id

@@ -11,11 +11,12 @@ import pytest
 from ai_pipeline.batch import run_batch
 from ai_pipeline.documents import parse_document
 from ai_pipeline.endpoints import family_of, request_parameters
-from ai_pipeline.engine import Analyser, StageFailed
+from ai_pipeline.engine import Analyser
 from ai_pipeline.llm import LLMClient
 from ai_pipeline.rehearsal.faults import SimulatorConfig
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.spend import Meter, Prices
+from ai_pipeline.stages import StageFailed
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline_tests.support import TEST_API_KEY, FakeTime, RecordingLog, sample_text

@@ -12,14 +12,17 @@ import pytest
 
 from ai_pipeline.batch import run_batch
 from ai_pipeline.documents import parse_document
-from ai_pipeline.engine import STAGES, Analyser, StageDone, StageFailed, requeue
+from ai_pipeline.engine import Analyser
 from ai_pipeline.failures import Category
 from ai_pipeline.llm import LLMClient
+from ai_pipeline.outcomes import requeue
 from ai_pipeline.rehearsal.faults import SimulatorConfig
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.review import reject
+from ai_pipeline.stages import STAGES, Stage, StageDone, StageFailed
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
+from ai_pipeline.store.database import StoreUnavailable
 from ai_pipeline.store.rows import ResultRow, ReviewStatus
 from ai_pipeline_tests.support import (
     TEST_API_KEY,
@@ -181,25 +184,38 @@ def test_a_rejected_document_is_never_processed(store: Store, simulator: Simulat
     assert store.results.count() == 0
 
 
-def test_a_bug_fails_one_document_as_internal_error(
-    store: Store, simulator: SimulatorServer
+@pytest.mark.parametrize(
+    ("error", "category", "message"),
+    [
+        (ZeroDivisionError("a bug"), Category.INTERNAL_ERROR, "ZeroDivisionError: a bug"),
+        (
+            StoreUnavailable("the results database is unreachable"),
+            Category.DATABASE_UNAVAILABLE,
+            "the results database is unreachable",
+        ),
+    ],
+    ids=["bug", "database-outage"],
+)
+def test_a_failure_while_storing_one_document_fails_it_alone_at_analysis_results(
+    store: Store, simulator: SimulatorServer, error: Exception, category: Category, message: str
 ) -> None:
-    """An unexpected exception while storing one document fails it alone, INTERNAL_ERROR."""
+    """An exception while one document's row is written (a bug, or the database gone past its
+    retries) fails that document alone, at analysis_results, in the exception's category."""
     ids = register(store, [sample_text(10), sample_text(11)])
     broken = ids[0]
 
     class Writer:
         def upsert(self, rows: Sequence[ResultRow]) -> int:
             if rows[0].document_id == broken:
-                raise ZeroDivisionError("a bug")
+                raise error
             return store.results.upsert(rows)
 
     events = run(analyser(store, simulator, results=Writer()), ids)
 
     (failure,) = [e for e in events[broken] if isinstance(e, StageFailed)]
-    assert failure.category == Category.INTERNAL_ERROR
-    assert failure.stage == "analysis_results"
-    assert "ZeroDivisionError: a bug" in failure.error
+    assert failure.category == category
+    assert failure.stage == Stage.ANALYSIS_RESULTS
+    assert message in failure.error
     done = store.documents.get(ids[1])
     assert done is not None and done.state == State.COMPLETED
 

@@ -15,11 +15,12 @@ from ai_pipeline.analyses import DOCUMENT_ANALYSIS
 from ai_pipeline.batch import run_batch
 from ai_pipeline.declaration import Declaration, ModelSettings
 from ai_pipeline.documents import parse_document
-from ai_pipeline.engine import Analyser, StageDone, StageFailed
+from ai_pipeline.engine import Analyser
 from ai_pipeline.failures import Category
 from ai_pipeline.llm import LLMClient
 from ai_pipeline.rehearsal.faults import SimulatorConfig
 from ai_pipeline.rehearsal.simulator import SimulatorServer
+from ai_pipeline.stages import StageDone, StageFailed
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline.truncation import larger_limit

@@ -19,7 +19,8 @@ from ai_pipeline.failures import (
     category_for_reply,
     category_for_status,
 )
-from ai_pipeline.llm import Credentials, RateLimiter, classify
+from ai_pipeline.llm_access import Credentials, RateLimiter
+from ai_pipeline.llm_errors import classify
 from ai_pipeline.redaction import MASK, redact, register_secret
 from ai_pipeline_tests.support import FakeTime
 

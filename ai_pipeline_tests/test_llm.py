@@ -16,12 +16,9 @@ import pytest
 
 from ai_pipeline.analyses import DOCUMENT_ANALYSIS
 from ai_pipeline.failures import Category, ClassifiedError
-from ai_pipeline.llm import (
-    Credentials,
-    LLMClient,
-    LLMReply,
-    describe,
-)
+from ai_pipeline.llm import LLMClient, LLMReply
+from ai_pipeline.llm_access import Credentials
+from ai_pipeline.llm_errors import describe
 from ai_pipeline.rehearsal.faults import SimulatorConfig
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.retry import RetryPolicy

@@ -17,7 +17,7 @@ import pytest
 
 from ai_pipeline.batch import run_batch
 from ai_pipeline.documents import parse_document
-from ai_pipeline.engine import Analyser, StageFailed
+from ai_pipeline.engine import Analyser
 from ai_pipeline.failures import Category
 from ai_pipeline.llm import LLMClient, LLMReply
 from ai_pipeline.openai_batch import (
@@ -31,6 +31,7 @@ from ai_pipeline.openai_batch import (
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.reporting import spend_report
 from ai_pipeline.spend import Meter, Price, Prices, estimate_prompt_tokens
+from ai_pipeline.stages import StageFailed
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline.store.openai_batches import JobStatus, LineState, PlannedTask

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from ai_pipeline.failures import Category, ClassifiedError
-from ai_pipeline.llm import attempt_failure
+from ai_pipeline.llm_errors import attempt_failure
 from ai_pipeline.notify import Notifier
 from ai_pipeline.retry import AttemptFailure, Retrier, RetryPolicy, parse_retry_after
 from ai_pipeline_tests.support import FakeTime, RecordingLog

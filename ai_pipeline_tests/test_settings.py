@@ -45,6 +45,7 @@ def test_defaults_without_environment(monkeypatch: pytest.MonkeyPatch, tmp_path:
         lease_seconds=60.0,
         claim_wait_seconds=600.0,
         sensor_interval_seconds=30,
+        batch_api_interval_seconds=120,
         sensor_max_files=500,
         backfill_run_size=None,
         nightly_cron="0 2 * * *",

@@ -90,7 +90,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
 
 def cmd_requeue(args: argparse.Namespace) -> int:
-    from ai_pipeline.engine import requeue
+    from ai_pipeline.outcomes import requeue
 
     s = store()
     code = EXIT_OK

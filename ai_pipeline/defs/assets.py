@@ -37,12 +37,14 @@ from ai_pipeline.defs.partitions import NAMED_DOCUMENTS, named_by
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.defs.runs import run_is_over
 from ai_pipeline.defs.site import ANALYSIS_TAG, DEFAULT_SITE, Site
-from ai_pipeline.engine import STAGES, Analyser, StageDeferred, StageDone, StageFailed
+from ai_pipeline.engine import Analyser
 from ai_pipeline.intake import BATCH_TAG
 from ai_pipeline.notify import Notifier
 from ai_pipeline.openai_batch import submit as submit_to_batch_api
 from ai_pipeline.reporting import build_report, chart_png, to_markdown
 from ai_pipeline.spend import Meter, Prices, run_budgets
+from ai_pipeline.stages import STAGES, Stage, StageDeferred, StageDone, StageFailed
+from ai_pipeline.states import State
 from ai_pipeline.store import Store
 
 # The keys of the product's own code location (one analysis, no prefix).
@@ -55,11 +57,11 @@ GROUP = DEFAULT_SITE.group
 DOCUMENTS_PER_BACKFILL_RUN = 100
 
 _DESCRIPTIONS = {
-    "document_text": "The document's normalised text, read from the file it arrived as.",
-    "llm_analysis": "The LLM's reply for the document (checkpointed per task id: paid for once).",
-    "validated_analysis": "The reply that passed every check: schema, confidence, refusal, grounding.",
-    "analysis_results": "One upserted row per document in the results table.",
-    "completion_notice": "The completion notice POSTed to the webhook, exactly once "
+    Stage.DOCUMENT_TEXT: "The document's normalised text, read from the file it arrived as.",
+    Stage.LLM_ANALYSIS: "The LLM's reply for the document (checkpointed per task id: paid for once).",
+    Stage.VALIDATED_ANALYSIS: "The reply that passed every check: schema, confidence, refusal, grounding.",
+    Stage.ANALYSIS_RESULTS: "One upserted row per document in the results table.",
+    Stage.COMPLETION_NOTICE: "The completion notice POSTed to the webhook, exactly once "
     "(Idempotency-Key: its task id); skipped when AI_PIPELINE_WEBHOOK_URL is unset.",
 }
 
@@ -76,11 +78,11 @@ def _specs(site: Site) -> list[dg.AssetSpec]:
             group_name=site.group,
             skippable=True,
             partitions_def=site.partitions_def,
-            kinds={"sql"} if stage == "analysis_results" else {"python"},
-            code_version=None if stage == "document_text" else version,
+            kinds={"sql"} if stage == Stage.ANALYSIS_RESULTS else {"python"},
+            code_version=None if stage == Stage.DOCUMENT_TEXT else version,
             tags={ANALYSIS_TAG: site.declaration.name},
         )
-        if stage == "analysis_results":
+        if stage == Stage.ANALYSIS_RESULTS:
             spec = spec.with_io_manager_key(site.name("results_io_manager"))
         specs.append(spec)
     return specs
@@ -395,6 +397,7 @@ def _failure_report(
     context: dg.AssetExecutionContext, results_store: ResultsStore, analysis_results: Any
 ) -> dg.MaterializeResult:
     report = build_report(results_store.get(), analysis_results)
+    by_state = report["by_state"]
     png = chart_png(report)
     chart_path = Path(context.instance.root_directory) / "reports" / "failure_report.png"
     chart_path.parent.mkdir(parents=True, exist_ok=True)
@@ -410,7 +413,11 @@ def _failure_report(
             "chart_file": dg.MetadataValue.path(str(chart_path)),
             "documents": report["documents"],
             "success_rate": report["success_rate"],
-            "failed": sum(v for k, v in report["by_state"].items() if k != "COMPLETED"),
+            # Besides the completed ones, every document is counted in one of these three.
+            "failed": _count(by_state, State.FAILED, State.DEAD_LETTER),
+            # Not ended yet: waiting for a run, or in one.
+            "unfinished": _count(by_state, State.PENDING, State.QUEUED, State.RUNNING),
+            "cancelled": _count(by_state, State.CANCELLED),
             "estimated_cost_usd": report["estimated_cost_usd"],
             "tokens": report["tokens"]["prompt"] + report["tokens"]["completion"],
             # Every attempt, failed and repeated ones included (the usage of each reply).
@@ -429,6 +436,11 @@ def _failure_report(
             "stale_analyses": sum(report["stale"].values()),
         }
     )
+
+
+def _count(by_state: dict[str, int], *states: State) -> int:
+    """How many documents are in any of ``states``."""
+    return sum(by_state.get(state.value, 0) for state in states)
 
 
 # The product's own code location's (``ai_pipeline.definitions`` builds its own through the

@@ -33,6 +33,7 @@ class AtLoad:
     """The settings that shape definitions, read when the code location loads."""
 
     sensor_interval_seconds: int
+    batch_api_interval_seconds: int
     # Documents per run of a backfill Dagster plans (one launched from the UI); None: its default.
     backfill_run_size: int | None
     nightly_cron: str
@@ -44,6 +45,7 @@ class AtLoad:
     def from_settings(cls, settings: Settings) -> AtLoad:
         return cls(
             sensor_interval_seconds=settings.sensor_interval_seconds,
+            batch_api_interval_seconds=settings.batch_api_interval_seconds,
             backfill_run_size=settings.backfill_run_size,
             nightly_cron=settings.nightly_cron,
             timezone=settings.timezone,
@@ -62,7 +64,7 @@ def site_definitions(site: Site, at_load: AtLoad) -> dg.Definitions:
         jobs=list(build_jobs(site)),
         sensors=[
             *build_sensors(site, at_load.sensor_interval_seconds),
-            build_openai_batch_sensor(site),
+            build_openai_batch_sensor(site, interval_seconds=at_load.batch_api_interval_seconds),
         ],
         schedules=[
             build_nightly_retry_schedule(

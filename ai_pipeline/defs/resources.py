@@ -11,7 +11,8 @@ from typing import Any
 import dagster as dg
 from pydantic import PrivateAttr
 
-from ai_pipeline.llm import Credentials, LLMClient
+from ai_pipeline.llm import LLMClient
+from ai_pipeline.llm_access import Credentials
 from ai_pipeline.settings import Settings
 from ai_pipeline.store import Store, open_store
 

@@ -20,7 +20,7 @@ import dagster as dg
 
 from ai_pipeline import analyses
 from ai_pipeline.declaration import Declaration
-from ai_pipeline.engine import STAGES
+from ai_pipeline.stages import STAGES
 
 DEFAULT_PARTITIONS = "documents"
 # The tag every run of an analysis job carries: which analysis (and so which results database).

@@ -8,7 +8,11 @@ the web process; ``GET /api/v1/tasks/{id}`` and its server-sent events follow th
 
 - ``tenants``: the tenants file, keys and per-tenant limits.
 - ``progress``: a task's state, progress and result (or a reviewer's rejection), from the store.
-- ``inputs``: what a request may carry: id alphabets, storable text, name rules, bounded bodies.
+- ``inputs``: what a request may carry: id alphabets, storable text, name rules, bounded bodies,
+  and the submitted document, a file or JSON text.
+- ``auth``: the tenant of a request's key, its ``X-Tenant-Id`` and its per-minute limit.
+- ``models``: the bodies the API answers and the statuses each operation may answer.
+- ``events``: a task's server-sent event stream.
 - ``review_page``: the review queue page and its signed forms.
 - ``thumbnails``: a PDF's first page within a fixed pixel budget, cached.
 - ``app``: the FastAPI application and its routes.

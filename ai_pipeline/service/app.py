@@ -1,50 +1,47 @@
 """The HTTP API of the submission service: submit, follow, list and cancel tasks, per tenant.
 
-Every request carries ``Authorization: Bearer <key>``; the key names the tenant (401 without a
-valid one) and an ``X-Tenant-Id`` header, when present, must name the same tenant (403). A tenant
-with a per-minute limit gets 429 past it in a clock minute; its requests are counted in the results
-database, so the limit holds however many web processes serve. Another tenant's task answers 404,
-exactly like an id that does not exist. The store is synchronous, so
-its calls run in worker threads; nothing here runs a document's work.
+Every request carries ``Authorization: Bearer <key>``; the key names the tenant (``auth``: 401
+without a valid one, 403 when ``X-Tenant-Id`` names another, 429 past the tenant's per-minute
+limit). Another tenant's task answers 404, exactly like an id that does not exist. The store is
+synchronous, so its calls run in worker threads; nothing here runs a document's work.
 
 What a request carries is checked before it is read whole or stored (``inputs``): a body over its
 limit is refused by its ``Content-Length``, or as its chunks arrive; ids have a fixed alphabet;
 text a database cannot store (NUL, lone surrogates) is a 4xx on either backend; a JSON name and a
 multipart file name obey the same rules. The URLs handed out start with the configured public URL
 (``AI_PIPELINE_PUBLIC_URL``), or are paths: never the request's ``Host``. The OpenAPI document
-says every status an operation answers, the event stream's media type and the bearer scheme.
+says every status an operation answers (``models``), the event stream's media type (``events``)
+and the bearer scheme.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime, timezone
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Request
+from fastapi import FastAPI, Header, HTTPException, Path, Query, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
-from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from ai_pipeline.documents import DocumentError, content_id, parse_document
+from ai_pipeline.service.auth import Caller
 from ai_pipeline.service.estimate import Estimator
+from ai_pipeline.service.events import SSE_EVENT, event_number, events
 from ai_pipeline.service.inputs import (
+    JSON,
+    MULTIPART,
     TASK_ID_PATTERN,
-    body_limit,
-    bounded_body,
-    document_name,
-    replayed,
+    TextSubmission,
     storable,
+    upload,
 )
+from ai_pipeline.service.models import CALLER, NO_TASK, Submitted, Task, TaskPage, problem
 from ai_pipeline.service.progress import TaskStatus, TaskView, view
 from ai_pipeline.service.review_page import FORM_KEY, build_review_router
 from ai_pipeline.service.tenants import Tenant, Tenants, load_tenants
@@ -57,124 +54,7 @@ from ai_pipeline.tasks import ANALYSE_STEP, SUBMITTED, task_id
 
 T = TypeVar("T")
 API = "/api/v1"
-POLL_SECONDS = 0.5
 HEARTBEAT_SECONDS = 10
-FINAL_EVENT_ID = 1000  # after every progress event id (0–100)
-MULTIPART = "multipart/form-data"
-JSON = "application/json"
-
-
-class TextSubmission(BaseModel):
-    text: str = Field(min_length=1, description="the document's text")
-    name: str = Field(
-        "text.txt",
-        min_length=5,
-        max_length=255,
-        pattern=r"(?i)\.(txt|md|markdown|html?|pdf)$",
-        description="its file name, whose suffix says its format (a path is cut to its last "
-        "part; no control characters)",
-    )
-
-
-class Submitted(BaseModel):
-    task_id: str
-    status: TaskStatus = Field(description="QUEUED for a new task: accepted, waiting for a run")
-    poll_url: str = Field(description="the task's URL (from the service's public URL, else a path)")
-    sse_url: str = Field(description="its event stream's URL")
-    estimated_seconds: int
-
-
-class Sections(BaseModel):
-    done: int
-    total: int
-
-
-class ReviewOutcome(BaseModel):
-    decision: str = Field(description="`rejected`: a person reviewed the task and turned it down")
-    decided_by: str = Field(description="`person`: a reviewer decided, not the pipeline")
-    decided_at: str
-    message: str = Field(description="the standard message to the submitter")
-    message_en: str
-
-
-class Task(BaseModel):
-    task_id: str
-    name: str
-    status: TaskStatus
-    cancel_requested: bool
-    progress: int = Field(ge=0, le=100)
-    current_step: str
-    sections: Sections
-    result: dict[str, Any] | None
-    category: str | None
-    error: str | None = Field(
-        description="why the task failed; after a reviewer's rejection, the standard message"
-    )
-    review: ReviewOutcome | None = Field(description="a reviewer's decision, once there is one")
-    created_at: str
-    completed_at: str | None
-    dagster_run_url: str | None
-
-
-class TaskPage(BaseModel):
-    tasks: list[Task]
-    total: int
-    limit: int
-    offset: int
-
-
-class Problem(BaseModel):
-    detail: str | list[dict[str, Any]] = Field(description="what is wrong, for a person")
-
-
-def _problem(description: str, **headers: str) -> dict[str, Any]:
-    answer: dict[str, Any] = {"model": Problem, "description": description}
-    if headers:
-        answer["headers"] = {
-            name: {"description": why, "schema": {"type": "string"}}
-            for name, why in headers.items()
-        }
-    return answer
-
-
-# What any call of the API may answer besides its own outcomes.
-CALLER: dict[int | str, dict[str, Any]] = {
-    401: _problem(
-        "no valid API key: `Authorization: Bearer <key>`",
-        **{"WWW-Authenticate": "Bearer"},
-    ),
-    403: _problem("X-Tenant-Id names another tenant than the key's"),
-    422: _problem("a parameter or the body is not what this operation takes"),
-    429: _problem(
-        "over the tenant's requests per minute",
-        **{"Retry-After": "seconds to the next clock minute"},
-    ),
-}
-NO_TASK: dict[int | str, dict[str, Any]] = {
-    404: _problem("no such task of this tenant (another tenant's answers the same)")
-}
-
-
-# One event of a task's stream (OpenAPI 3.1 describes an event stream by its events).
-SSE_EVENT: dict[str, Any] = {
-    "type": "object",
-    "required": ["event", "data"],
-    "properties": {
-        "event": {"type": "string", "enum": ["status", "progress", "completed", "error"]},
-        "data": {
-            "type": "string",
-            "contentMediaType": "application/json",
-            "description": "JSON: the task (`status`, `completed`), `progress` and "
-            "`current_step` (`progress`), or `status`, `category`, `message` and `review` "
-            "(`error`)",
-        },
-        "id": {
-            "type": "string",
-            "description": "a progress event's progress, 1000 for the final event; send the last "
-            "one back as `Last-Event-ID` to resume",
-        },
-    },
-}
 
 
 def tenant_document_id(tenant_id: str, content: str) -> str:
@@ -183,47 +63,6 @@ def tenant_document_id(tenant_id: str, content: str) -> str:
     return content_id(f"tenant:{tenant_id}\0{content}".encode())
 
 
-bearer = HTTPBearer(
-    auto_error=False,
-    scheme_name="tenant_key",
-    description="a tenant's API key from the tenants file: `Authorization: Bearer <key>`",
-)
-
-
-def caller(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-    x_tenant_id: Annotated[
-        str | None, Header(description="when sent, must be the key's tenant (else 403)")
-    ] = None,
-) -> Tenant:
-    """The tenant a request's key belongs to: 401 without a valid key, 403 when X-Tenant-Id
-    names another tenant, 429 over the tenant's per-minute limit."""
-    tenants: Tenants = request.app.state.tenants
-    tenant = tenants.tenant_of(credentials.credentials.strip()) if credentials else None
-    if tenant is None:
-        raise HTTPException(
-            401,
-            "a valid API key is required: Authorization: Bearer <key>",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    if x_tenant_id is not None and x_tenant_id != tenant.tenant_id:
-        raise HTTPException(403, "X-Tenant-Id does not match the API key's tenant")
-    limit = tenant.requests_per_minute
-    if limit:
-        now = datetime.now(timezone.utc)
-        store: Store = request.app.state.store
-        if store.tasks.count_request(tenant.tenant_id, now) > limit:
-            next_minute = str(60 - now.second)
-            raise HTTPException(
-                429,
-                f"over this tenant's limit of {limit} requests a minute",
-                headers={"Retry-After": next_minute},
-            )
-    return tenant
-
-
-Caller = Annotated[Tenant, Depends(caller)]
 TaskId = Annotated[str, Path(pattern=TASK_ID_PATTERN, description="the id POST answered")]
 
 
@@ -300,11 +139,11 @@ def create_app(
                 "description": "this content was submitted before: its task",
                 "links": follow,
             },
-            400: _problem("a malformed body (multipart) or Content-Length"),
+            400: problem("a malformed body (multipart) or Content-Length"),
             **CALLER,
-            413: _problem("the body or the document is over the size limit"),
-            415: _problem("neither multipart/form-data nor application/json"),
-            422: _problem("the document cannot be read, or its name or text is refused"),
+            413: problem("the body or the document is over the size limit"),
+            415: problem("neither multipart/form-data nor application/json"),
+            422: problem("the document cannot be read, or its name or text is refused"),
         },
         openapi_extra={
             "requestBody": {
@@ -324,7 +163,7 @@ def create_app(
     )
     async def submit_task(request: Request, tenant: Caller) -> JSONResponse:
         """Submit a document (a file, or JSON text): 202 and its task id at once."""
-        name, data = await _upload(request, config.max_document_bytes)
+        name, data = await upload(request, config.max_document_bytes)
         try:
             doc = parse_document(data, name)
         except DocumentError as e:
@@ -388,7 +227,7 @@ def create_app(
         responses={
             **CALLER,
             **NO_TASK,
-            409: _problem("the task has already ended, or keeps changing"),
+            409: problem("the task has already ended, or keeps changing"),
         },
     )
     async def cancel_task(task_id: TaskId, tenant: Caller) -> dict[str, Any]:
@@ -424,7 +263,7 @@ def create_app(
         or ``error``; ``Last-Event-ID`` resumes after the events already delivered (an id past
         them means nothing new yet)."""
         current = await own_task(tenant, task_id)
-        seen = _event_number(last_event_id)
+        seen = event_number(last_event_id)
         if not current.final:
             seen = min(seen, current.progress)
 
@@ -432,39 +271,11 @@ def create_app(
             return await own_task(tenant, task_id)
 
         return EventSourceResponse(
-            _events(current, seen, refreshed, request, config.dagster_url),
+            events(current, seen, refreshed, request, config.dagster_url),
             ping=heartbeat_seconds,
         )
 
     return app
-
-
-async def _upload(request: Request, max_bytes: int) -> tuple[str, bytes]:
-    """The submitted document's name and bytes, or the 4xx that says what is wrong; the body is
-    read only as far as its limit."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind not in (MULTIPART, JSON):
-        raise HTTPException(
-            415, 'send the document as multipart/form-data (`file`) or JSON {"text": …}'
-        )
-    body = await bounded_body(request, body_limit(kind, max_bytes))
-    if kind == MULTIPART:
-        async with replayed(request, body).form(max_files=1, max_fields=10) as form:
-            upload = form.get("file")
-            if not isinstance(upload, UploadFile):
-                raise HTTPException(422, "the multipart body needs a `file` part")
-            name = document_name(upload.filename or "upload.txt")
-            data = await upload.read(max_bytes + 1)
-    else:
-        try:
-            submission = TextSubmission.model_validate_json(body)
-        except ValidationError as e:
-            raise HTTPException(422, f"the JSON body needs `text` (and may name it): {e}") from e
-        name = document_name(submission.name)
-        data = storable(submission.text, "the text").encode("utf-8")
-    if len(data) > max_bytes:
-        raise HTTPException(413, f"{name}: over the size limit of {max_bytes} bytes")
-    return name, data
 
 
 def _cancel(store: Store, current: TaskView) -> None:
@@ -492,52 +303,3 @@ def _cancel(store: Store, current: TaskView) -> None:
         store.reviews.cancel(document_id)
         return
     raise HTTPException(409, "the task keeps changing (runs are taking it): try again")
-
-
-def _event_number(last_event_id: str | None) -> int:
-    try:
-        return int(last_event_id) if last_event_id is not None else -1
-    except ValueError:
-        return -1
-
-
-async def _events(
-    current: TaskView,
-    seen: int,
-    refreshed: Callable[[], Awaitable[TaskView]],
-    request: Request,
-    dagster_url: str,
-) -> AsyncIterator[dict[str, Any]]:
-    yield {"event": "status", "data": json.dumps(current.as_json(dagster_url))}
-    while seen < FINAL_EVENT_ID:
-        if current.progress > seen and not current.final:
-            seen = current.progress
-            yield {
-                "id": str(seen),
-                "event": "progress",
-                "data": json.dumps(
-                    {"progress": current.progress, "current_step": current.current_step}
-                ),
-            }
-        if current.final:
-            body = current.as_json(dagster_url)
-            completed = current.doc.state == State.COMPLETED
-            yield {
-                "id": str(FINAL_EVENT_ID),
-                "event": "completed" if completed else "error",
-                "data": json.dumps(
-                    body
-                    if completed
-                    else {
-                        "status": body["status"],
-                        "category": body["category"],
-                        "message": body["error"] or f"the task is {body['status']}",
-                        "review": body["review"],
-                    }
-                ),
-            }
-            return
-        if await request.is_disconnected():
-            return
-        await asyncio.sleep(POLL_SECONDS)
-        current = await refreshed()

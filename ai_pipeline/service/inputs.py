@@ -9,6 +9,8 @@
   control character, a supported suffix.
 - A request body is refused by its ``Content-Length`` when that says it is too large, and is read
   in the chunks the server hands over, counted as they come, never past the limit.
+- A submitted document (``upload``) is a multipart ``file`` or JSON text (``TextSubmission``); its
+  name and bytes come out, or the 4xx that says what is wrong.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import unicodedata
 from pathlib import Path
 
 from fastapi import HTTPException, Request
+from pydantic import BaseModel, Field, ValidationError
+from starlette.datastructures import UploadFile
 
 from ai_pipeline.documents import SUPPORTED_SUFFIXES, kind_of
 
@@ -29,6 +33,9 @@ MAX_NAME_CHARS = 255
 ENVELOPE_BYTES = 64 * 1024
 # JSON text may escape each character of the document (``\uXXXX`` for three UTF-8 bytes).
 JSON_EXPANSION = 2
+# The two ways a document comes: a file, or JSON text.
+MULTIPART = "multipart/form-data"
+JSON = "application/json"
 
 
 def unstorable(text: str) -> str | None:
@@ -106,3 +113,43 @@ def replayed(request: Request, body: bytes) -> Request:
         return {"type": "http.request", "body": body, "more_body": False}
 
     return Request(request.scope, receive)
+
+
+class TextSubmission(BaseModel):
+    text: str = Field(min_length=1, description="the document's text")
+    name: str = Field(
+        "text.txt",
+        min_length=5,
+        max_length=255,
+        pattern=r"(?i)\.(txt|md|markdown|html?|pdf)$",
+        description="its file name, whose suffix says its format (a path is cut to its last "
+        "part; no control characters)",
+    )
+
+
+async def upload(request: Request, max_bytes: int) -> tuple[str, bytes]:
+    """The submitted document's name and bytes, or the 4xx that says what is wrong; the body is
+    read only as far as its limit."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind not in (MULTIPART, JSON):
+        raise HTTPException(
+            415, 'send the document as multipart/form-data (`file`) or JSON {"text": …}'
+        )
+    body = await bounded_body(request, body_limit(kind, max_bytes))
+    if kind == MULTIPART:
+        async with replayed(request, body).form(max_files=1, max_fields=10) as form:
+            upload = form.get("file")
+            if not isinstance(upload, UploadFile):
+                raise HTTPException(422, "the multipart body needs a `file` part")
+            name = document_name(upload.filename or "upload.txt")
+            data = await upload.read(max_bytes + 1)
+    else:
+        try:
+            submission = TextSubmission.model_validate_json(body)
+        except ValidationError as e:
+            raise HTTPException(422, f"the JSON body needs `text` (and may name it): {e}") from e
+        name = document_name(submission.name)
+        data = storable(submission.text, "the text").encode("utf-8")
+    if len(data) > max_bytes:
+        raise HTTPException(413, f"{name}: over the size limit of {max_bytes} bytes")
+    return name, data

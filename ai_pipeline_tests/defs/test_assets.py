@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from ai_pipeline.defs.assets import (
     ANALYSIS_RESULTS,
@@ -14,6 +15,8 @@ from ai_pipeline.defs.assets import (
     LLM_ANALYSIS,
     VALIDATED_ANALYSIS,
 )
+from ai_pipeline.store.database import StoreUnavailable
+from ai_pipeline.store.results import Results
 from ai_pipeline.tasks import ANALYSE_STEP
 from ai_pipeline_tests.support import (
     EXAMPLES,
@@ -71,6 +74,39 @@ def test_range_run_fails_exactly_the_failing_document(
     assert simulator.requests_for(task_of(bad)) == 1
     events = store.events.failures(bad)
     assert [e.category for e in events] == ["INPUT_QUALITY_ISSUE"]
+
+
+def test_a_database_outage_during_the_upsert_fails_analysis_results(
+    instance: dg.DagsterInstance, simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The results database gone while one document's row is upserted: Dagster shows that
+    document FAILED from analysis_results on, and its analysis, checked, as materialized."""
+    texts = {f"doc-{i}.txt": sample_text(300 + i) for i in range(3)}
+    inbox = make_inbox(tmp_path / "inbox", texts)
+    keys = [doc_id(t) for t in texts.values()]
+    lost, good = keys[0], keys[1:]
+    upsert = Results.upsert
+
+    def upsert_unless_lost(self: Results, rows):  # type: ignore[no-untyped-def]
+        if any(row.document_id == lost for row in rows):
+            # What the database layer raises once its retries are over.
+            raise StoreUnavailable("the results database is unreachable after 4 attempts over 30 s")
+        return upsert(self, rows)
+
+    monkeypatch.setattr(Results, "upsert", upsert_unless_lost)
+
+    report = process_inbox(inbox)
+
+    for asset_key in (DOCUMENT_TEXT, LLM_ANALYSIS, VALIDATED_ANALYSIS):
+        materialized = dict.fromkeys(keys, STATUS.MATERIALIZED)
+        assert statuses(instance, asset_key, keys) == materialized, asset_key
+    for asset_key in (ANALYSIS_RESULTS, COMPLETION_NOTICE):
+        expected = dict.fromkeys(good, STATUS.MATERIALIZED) | {lost: STATUS.FAILED}
+        assert statuses(instance, asset_key, keys) == expected, asset_key
+    by_id = {d["document_id"]: d for d in report["documents"]}
+    assert by_id[lost]["state"] == "FAILED"
+    assert by_id[lost]["category"] == "DATABASE_UNAVAILABLE"
+    assert {r.document_id for r in results_store().results.get()} == set(good)
 
 
 def test_same_content_two_names_is_one_document(

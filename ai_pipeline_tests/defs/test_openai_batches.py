@@ -322,18 +322,6 @@ def test_the_nightly_schedule_via_batch_sends_the_retries_to_the_batch_api(
     assert simulator.calls_to("batches.create") == 1, "the tick again sent nothing more"
 
 
-BATCH_DEFS = """
-import dagster as dg
-
-from ai_pipeline.definitions import defs as pipeline
-from ai_pipeline.defs.openai_batches import build_openai_batch_sensor
-
-defs = dg.Definitions.merge(
-    pipeline, dg.Definitions(sensors=[build_openai_batch_sensor(interval_seconds=1)])
-)
-"""
-
-
 @pytest.mark.daemon
 @pytest.mark.parametrize("backend", ["sqlite"])
 def test_under_the_daemon_a_submitted_batch_completes_every_document_with_no_call(
@@ -352,15 +340,9 @@ def test_under_the_daemon_a_submitted_batch_completes_every_document_with_no_cal
     code, sent = run_cli(capsys, "batch-api", "submit", "--json")
     assert code == 0 and sent["tasks"] == 10
 
-    (tmp_path / "batch_defs.py").write_text(BATCH_DEFS)
-    (tmp_path / "workspace.yaml").write_text(
-        "load_from:\n  - python_file:\n      relative_path: batch_defs.py\n"
-        "      attribute: defs\n      location_name: ai_pipeline\n"
-    )
-    daemon = DagsterProcess(
-        "dagster-daemon",
-        ["dagster-daemon", "run", "-w", str(tmp_path / "workspace.yaml")],
-        tmp_path / "daemon.log",
+    # The product's own code location, its Batch API sensor ticking every second.
+    daemon = DagsterProcess.daemon(
+        tmp_path / "daemon.log", env={"AI_PIPELINE_BATCH_API_INTERVAL": "1"}
     )
     with running(daemon, Path(os.environ["DAGSTER_HOME"])):
         daemon.start()

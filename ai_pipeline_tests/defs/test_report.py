@@ -11,7 +11,16 @@ import pytest
 
 from ai_pipeline.cli import main
 from ai_pipeline.definitions import defs
-from ai_pipeline_tests.support import doc_id, make_inbox, process_inbox, sample_text, task_of
+from ai_pipeline.states import State
+from ai_pipeline_tests.support import (
+    doc_id,
+    launcher,
+    make_inbox,
+    process_inbox,
+    results_store,
+    sample_text,
+    task_of,
+)
 
 
 def test_report_counts_failures_and_tokens_in_the_asset_and_the_cli(
@@ -56,6 +65,7 @@ def test_report_counts_failures_and_tokens_in_the_asset_and_the_cli(
     assert metadata["documents"].value == 5
     assert metadata["success_rate"].value == 0.6
     assert metadata["failed"].value == 2
+    assert metadata["unfinished"].value == 0 and metadata["cancelled"].value == 0
     markdown = metadata["report"].value
     assert "| NETWORK_TIMEOUT | 1 |" in markdown and "| COMPLETED | 3 |" in markdown
     assert (
@@ -64,6 +74,32 @@ def test_report_counts_failures_and_tokens_in_the_asset_and_the_cli(
     )
     chart = Path(metadata["chart_file"].value)
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_report_counts_as_failed_only_the_failed_and_the_dead_letter(
+    instance: dg.DagsterInstance, simulator, tmp_path: Path
+) -> None:
+    """failure_report's `failed` counts the FAILED and DEAD_LETTER documents only; those waiting
+    or running are `unfinished`, the cancelled `cancelled`."""
+    texts = {"ok.txt": sample_text(970)}
+    texts |= {f"poison-{i}.txt": f"Poison request {i}. " + sample_text(971 + i) for i in range(2)}
+    simulator.set_faults([{"kind": "status", "status": 400, "match": "Poison request"}])
+    process_inbox(make_inbox(tmp_path / "inbox", texts))
+    later = {f"later-{i}.txt": sample_text(980 + i) for i in range(3)}
+    launcher().register_inbox(make_inbox(tmp_path / "later", later))
+    store = results_store()
+    store.documents.transition(doc_id(texts["poison-0.txt"]), State.DEAD_LETTER)
+    store.documents.transition(doc_id(later["later-0.txt"]), State.QUEUED)
+    store.documents.transition(doc_id(later["later-1.txt"]), State.CANCELLED)
+
+    result = defs.resolve_job_def("failure_report_job").execute_in_process(instance=instance)
+
+    assert result.success
+    event = instance.get_latest_materialization_event(dg.AssetKey("failure_report"))
+    assert event is not None and event.asset_materialization is not None
+    counts = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+    assert counts["documents"] == 6
+    assert (counts["failed"], counts["unfinished"], counts["cancelled"]) == (2, 2, 1)
 
 
 def test_report_spend_matches_the_recorded_usage_in_total_by_category_re_analyses_and_batch(

@@ -1,0 +1,292 @@
+"""Scale-out through dagster-celery's ``CeleryRunLauncher``, across hosts made with namespaces.
+
+The deployment is ``deploy/scale-out/`` as it is (its files linked, not copied): the main
+namespace holds the daemon (with the instance's ``dagster.yaml``), a Redis broker and backend, a
+``socat`` forward to the machine's PostgreSQL and the LLM simulator, all listening only on the
+bridge address of ``ai_pipeline_tests.hosts.Network``; each worker host is a network namespace
+that reaches nothing but that address, running ``deploy/scale-out/worker.sh`` under its own host
+name.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from ai_pipeline_tests.dagster_procs import DagsterProcess, free_port, running
+from ai_pipeline_tests.hosts import Network, Process, unavailable_reason, wait_for_port
+from ai_pipeline_tests.postgres import PG_HOST, PG_PORT, PG_USER, PostgresDatabases, skip_or_fail
+from ai_pipeline_tests.support import (
+    REPO,
+    TEST_API_KEY,
+    TEST_MODEL,
+    cli,
+    make_inbox,
+    sample_text,
+    task_of,
+)
+
+pytest.importorskip("dagster_celery")
+
+DEPLOY = REPO / "deploy" / "scale-out"
+DOCUMENTS = 200
+RUN_SIZE = 25
+WORKER_RUNS = 2  # runs at once on each worker host (its --concurrency)
+LLM_CONCURRENCY = 8  # calls in flight per run
+
+
+@dataclass
+class Deployment:
+    network: Network
+    env: dict[str, str]
+    simulator: object
+    daemon: DagsterProcess
+    workers: list[Process]
+    home: Path
+
+
+def linked_home(folder: Path) -> Path:
+    """A DAGSTER_HOME whose ``dagster.yaml`` is deploy/scale-out/dagster.yaml itself."""
+    folder.mkdir(parents=True)
+    (folder / "dagster.yaml").symlink_to(DEPLOY / "dagster.yaml")
+    return folder
+
+
+@pytest.fixture
+def deployment(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    postgres_databases: PostgresDatabases,
+) -> Iterator[Deployment]:
+    """Two worker hosts, the broker, PostgreSQL and the simulator on the bridge address only, and
+    a daemon launching runs through CeleryRunLauncher; all of it removed at the end. The LLM's
+    latency in ms: the test's ``latency_ms`` mark (50 by default)."""
+    mark = request.node.get_closest_marker("latency_ms")
+    latency_ms = int(mark.args[0]) if mark else 50
+    from ai_pipeline.rehearsal.faults import SimulatorConfig
+    from ai_pipeline.rehearsal.simulator import SimulatorServer
+
+    reason = unavailable_reason()
+    if reason:
+        skip_or_fail(reason)
+    with Network(2, tmp_path) as network:
+        address = network.address
+        redis_port, pg_port = free_port(), free_port()
+        network.start(
+            "redis",
+            [
+                "redis-server",
+                *("--bind", address, "--port", str(redis_port), "--protected-mode", "no"),
+                *("--save", "", "--appendonly", "no"),
+            ],
+            os.environ,
+        )
+        network.forward(pg_port, f"{PG_HOST}:{PG_PORT}")
+        wait_for_port(address, redis_port)
+        wait_for_port(address, pg_port)
+        instance_db = postgres_databases.create("dagster")
+        results_db = postgres_databases.create("results")
+        config = SimulatorConfig(latency_ms=latency_ms, max_concurrency=64)
+        with SimulatorServer(config, host=address) as simulator:
+            home = linked_home(tmp_path / "main")
+            env = {
+                "DAGSTER_HOME": str(home),
+                "DAGSTER_PG_HOST": address,
+                "DAGSTER_PG_PORT": str(pg_port),
+                "DAGSTER_PG_DB": instance_db,
+                "DAGSTER_PG_USERNAME": PG_USER,
+                "DAGSTER_PG_PASSWORD": "",
+                "AI_PIPELINE_CELERY_BROKER": f"redis://{address}:{redis_port}/0",
+                "AI_PIPELINE_CELERY_BACKEND": f"redis://{address}:{redis_port}/1",
+                "AI_PIPELINE_MAX_CONCURRENT_RUNS": str(2 * WORKER_RUNS),
+                "AI_PIPELINE_DATABASE_URL": (
+                    f"postgresql://{PG_USER}@{address}:{pg_port}/{results_db}"
+                ),
+                "AI_PIPELINE_BACKFILL_RUN_SIZE": str(RUN_SIZE),
+                "AI_PIPELINE_LLM_CONCURRENCY": str(LLM_CONCURRENCY),
+                "AI_PIPELINE_SETTLE_SECONDS": "0",
+                "OPENAI_BASE_URL": simulator.base_url,
+                "OPENAI_API_KEY": TEST_API_KEY,
+                "AI_PIPELINE_MODEL": TEST_MODEL,
+                "AI_PIPELINE_WORKER_RUNS": str(WORKER_RUNS),
+            }
+            for name, value in env.items():
+                monkeypatch.setenv(name, value)
+            # The venv's bin first: dagster-celery runs `celery` from PATH.
+            path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+            monkeypatch.setenv("PATH", path)
+            import dagster as dg
+
+            with dg.DagsterInstance.get():  # the instance's tables, before any process starts
+                pass
+            workers = []
+            for host in network.hosts:
+                host_env = os.environ | {
+                    "DAGSTER_HOME": str(linked_home(tmp_path / host.name)),
+                    "AI_PIPELINE_WORKER_NAME": f"worker-{host.name}",
+                }
+                workers.append(host.start("worker", [str(DEPLOY / "worker.sh")], host_env))
+            with running(DagsterProcess.daemon(tmp_path / "daemon.log"), home) as daemon:
+                yield Deployment(network, dict(os.environ), simulator, daemon, workers, home)
+            for worker in workers:
+                worker.stop()
+    assert not network.leftovers(), network.leftovers()
+
+
+def wait_for_workers(deployment: Deployment, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        ready = [
+            w for w in deployment.workers if " ready." in w.log_path.read_text(errors="replace")
+        ]
+        if len(ready) == len(deployment.workers):
+            return
+        for worker in deployment.workers:
+            assert worker.alive(), f"{worker.name} exited:\n{worker.log_tail()}"
+        assert time.monotonic() < deadline, "\n\n".join(w.log_tail() for w in deployment.workers)
+        time.sleep(1)
+
+
+def wait_for_runs_to_end(deployment: Deployment, instance: object, timeout: float = 60) -> list:
+    """Every run of the instance, once none is queued, starting or started."""
+    from ai_pipeline_tests.dagster_procs import wait_for
+    from ai_pipeline_tests.support import TERMINAL
+
+    def ended() -> list:
+        runs = instance.get_runs()  # type: ignore[attr-defined]
+        return runs if all(r.status in TERMINAL for r in runs) else []
+
+    return wait_for(deployment.daemon, "every run to end", ended, timeout)  # type: ignore[no-any-return]
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.scaleout
+def test_a_batch_runs_on_both_worker_hosts_each_document_paid_once(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """200 submitted documents run on two worker hosts of the CeleryRunLauncher, each completed
+    with exactly one LLM call."""
+    import dagster as dg
+
+    from ai_pipeline.defs.celery_worker import WORKER_HOST_TAG
+    from ai_pipeline_tests.support import doc_id
+
+    texts = [sample_text(i) for i in range(DOCUMENTS)]
+    inbox = make_inbox(tmp_path / "inbox", {f"doc{i:03}.txt": t for i, t in enumerate(texts)})
+    deployment.daemon.start()
+    wait_for_workers(deployment)
+    assert cli("submit", str(inbox), "--batch", "scale-out", "--wait", "--timeout", "240") == 0
+
+    simulator = deployment.simulator
+    ids = [doc_id(t) for t in texts]
+    assert simulator.stats()["total"] == DOCUMENTS  # type: ignore[attr-defined]
+    assert all(simulator.requests_for(task_of(d)) == 1 for d in ids)  # type: ignore[attr-defined]
+    with dg.DagsterInstance.get() as instance:
+        # submit --wait returns at the last settled document; its run ends a moment later.
+        runs = wait_for_runs_to_end(deployment, instance)
+        assert runs and all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs), [
+            (r.run_id, r.status) for r in runs
+        ]
+        hosts = {r.run_id: r.tags.get(WORKER_HOST_TAG) for r in runs}
+        assert set(hosts.values()) == {h.name for h in deployment.network.hosts}, hosts
+        for run in runs:
+            said = [
+                e.message
+                for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)
+                if e.message.startswith("Run executing on worker host")
+            ]
+            assert said == [
+                f"Run executing on worker host {hosts[run.run_id]} "
+                f"(Celery worker worker-{hosts[run.run_id]}@{hosts[run.run_id]})"
+            ]
+    counts = {h: list(hosts.values()).count(h) for h in set(hosts.values())}
+    print(f"runs per worker host: {counts}")
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.scaleout
+@pytest.mark.latency_ms(400)
+def test_a_lost_worker_host_fails_its_runs_and_the_batch_completes_on_the_other(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """A worker host killed mid-batch (its processes SIGKILLed, its link cut): run monitoring fails
+    its runs, the daemon retries them on the other host, and every document completes with no
+    more calls paid twice than were in flight on the lost host."""
+    import dagster as dg
+
+    from ai_pipeline.defs.celery_worker import WORKER_HOST_TAG
+    from ai_pipeline.states import State
+    from ai_pipeline_tests.dagster_procs import wait_for
+    from ai_pipeline_tests.support import doc_id, results_store
+
+    texts = [sample_text(i) for i in range(DOCUMENTS)]
+    inbox = make_inbox(tmp_path / "inbox", {f"doc{i:03}.txt": t for i, t in enumerate(texts)})
+    deployment.daemon.start()
+    wait_for_workers(deployment)
+    assert cli("submit", str(inbox), "--batch", "lost-host") == 0
+    lost = deployment.network.hosts[0]
+    simulator: Any = deployment.simulator
+    with dg.DagsterInstance.get() as instance:
+
+        def running_on_lost_host() -> list:
+            started = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+            return [r for r in started if r.tags.get(WORKER_HOST_TAG) == lost.name]
+
+        wait_for(deployment.daemon, f"a run started on {lost.name}", running_on_lost_host, 180)
+        # Mid-run: some of its calls answered.
+        wait_for(deployment.daemon, "LLM calls", lambda: simulator.stats()["total"] >= 40, 120)
+        lost_runs = {r.run_id for r in running_on_lost_host()}
+        lost.kill()
+        killed_at = time.time()
+        print(f"killed {lost.name} with runs {sorted(lost_runs)} in flight")
+
+    code = cli("submit", str(inbox), "--batch", "lost-host", "--wait", "--timeout", "400")
+    ids = [doc_id(t) for t in texts]
+    paid = [simulator.requests_for(task_of(d)) for d in ids]
+    with dg.DagsterInstance.get() as instance:
+        runs = wait_for_runs_to_end(deployment, instance, 120)
+        statuses = {r.run_id: r.status for r in runs}
+        failed = {r for r, s in statuses.items() if s == dg.DagsterRunStatus.FAILURE}
+        ended = [
+            round(record.end_time - killed_at, 1)
+            for record in instance.get_run_records(dg.RunsFilter(run_ids=list(lost_runs)))
+            if record.end_time
+        ]
+        messages = [
+            e.message
+            for run_id in failed
+            for e in instance.all_logs(run_id)
+            if "does not answer" in (e.message or "")
+        ]
+    print(
+        f"{len(runs)} runs, {len(failed)} failed, failed {ended} s after the kill; "
+        f"paid twice: {sum(p - 1 for p in paid if p > 1)}"
+    )
+    assert code == 0
+    assert all(p >= 1 for p in paid)
+    # At most the calls in flight on the lost host were paid again.
+    assert sum(p - 1 for p in paid) <= len(lost_runs) * LLM_CONCURRENCY
+    assert lost_runs <= failed and messages, (statuses, messages)
+    store = results_store()
+    counts = store.documents.count_by_state(ids)
+    assert counts.get(State.COMPLETED) == DOCUMENTS and not counts.get(State.RUNNING), counts
+    # One result row per document (document_id is the table's key).
+    url = os.environ["AI_PIPELINE_DATABASE_URL"].replace("postgresql://", "postgresql+psycopg2://")
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("select count(*) from results")).scalar_one()
+    engine.dispose()
+    assert rows == DOCUMENTS
