@@ -39,6 +39,7 @@ Each has no public equivalent in that release; when Dagster changes, this is the
 
 import logging
 import os
+from typing import Any
 
 from dagster import AssetKey, DagsterInstance, DagsterRun
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
@@ -54,6 +55,7 @@ from dagster._core.execution.backfill import (
 )
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.config import pg_config
+from dagster._core.storage.defs_state.base import set_defs_state_storage
 from dagster._core.storage.event_log.schema import AssetCheckExecutionsTable, DynamicPartitionsTable
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     SqliteEventLogStorage,
@@ -130,3 +132,10 @@ __all__ = [
     "make_new_backfill_id",
     "make_new_run_id",
 ]
+
+
+def repository_of(definitions: Any, instance: DagsterInstance) -> Any:
+    """``definitions.get_repository_def()``, built (once; Dagster caches it) against ``instance``'s
+    defs state storage rather than whatever instance a context variable still names."""
+    with set_defs_state_storage(instance.defs_state_storage):
+        return definitions.get_repository_def()

@@ -31,6 +31,7 @@ from ai_pipeline.defs.backfills import (
     DAGSTER_BACKFILL_TAG,
     wait_for_backfill,
 )
+from ai_pipeline.defs.dagster_private import repository_of
 from ai_pipeline.defs.jobs import range_tags
 from ai_pipeline.defs.logs import TASK_LINES_TAG
 from ai_pipeline.defs.partitions import add_partitions
@@ -284,7 +285,7 @@ class Launcher:
         partitions, all under the budget ``budget`` names (when given); returns one
         ``{"run_id", "documents", "success"}`` per run."""
         budget_tags = {BUDGET_TAG: budget} if budget else {}
-        job = self.definitions.resolve_job_def(self.site.job_name)
+        job = self.repository.get_job(self.site.job_name)
         ordered = self.instance.get_dynamic_partitions(self.site.partitions)
         ranges = contiguous_ranges(document_ids, ordered, self.settings.documents_per_run)
         runs = []
@@ -443,4 +444,9 @@ class Launcher:
     @property
     def asset_graph(self) -> Any:
         """The code location's asset graph (what a backfill is planned against)."""
-        return self.definitions.get_repository_def().asset_graph
+        return self.repository.asset_graph
+
+    @property
+    def repository(self) -> Any:
+        """The code location's repository, built against this launcher's instance."""
+        return repository_of(self.definitions, self.instance)
