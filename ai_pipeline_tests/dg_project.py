@@ -86,19 +86,26 @@ def project_env(root: Path, home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def dg(
-    root: Path, home: Path, *args: str, timeout: float = 180
+def _in_project(
+    program: str, root: Path, home: Path, args: tuple[str, ...], timeout: float
 ) -> subprocess.CompletedProcess[str]:
-    """``dg ARGS`` in the project (the environment's own Python: no virtualenv of its own)."""
+    """A command of this environment run in the project, as a user runs it there."""
     home.mkdir(parents=True, exist_ok=True)
     return subprocess.run(
-        [str(Path(sys.executable).parent / "dg"), *args],
+        [str(Path(sys.executable).parent / program), *args],
         cwd=root,
         env=project_env(root, home),
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+def dg(
+    root: Path, home: Path, *args: str, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """``dg ARGS`` in the project (the environment's own Python: no virtualenv of its own)."""
+    return _in_project("dg", root, home, args, timeout)
 
 
 def defs_yaml(root: Path, name: str) -> Path:
@@ -155,11 +162,4 @@ def ai_pipeline(
     root: Path, home: Path, *args: str, timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:
     """``ai-pipeline ARGS`` as a user runs it in the project (a process of its own)."""
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "ai-pipeline"), *args],
-        cwd=root,
-        env=project_env(root, home),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return _in_project("ai-pipeline", root, home, args, timeout)

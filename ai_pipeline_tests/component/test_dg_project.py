@@ -90,40 +90,36 @@ def test_two_analyses_check_and_list_side_by_side(project: tuple[Path, Path]) ->
     } <= checks
 
 
+def failed_check(project: tuple[Path, Path], instance: str, **attributes: str) -> str:
+    """What ``dg check defs`` says, failing, with these attributes set in an instance's
+    defs.yaml (put back afterwards)."""
+    root, home = project
+    path = defs_yaml(root, instance)
+    good = path.read_text()
+    spec = yaml.safe_load(good)
+    spec["attributes"].update(attributes)
+    path.write_text(yaml.safe_dump(spec))
+    try:
+        checked = dg(root, home, "check", "defs")
+    finally:
+        path.write_text(good)
+    out = checked.stdout + checked.stderr
+    assert checked.returncode != 0, out
+    return out
+
+
 @pytest.mark.parametrize("instance", ["ticket_triage", "contracts"])
 def test_a_misspelt_attribute_fails_the_check_naming_its_file(
     project: tuple[Path, Path], instance: str
 ) -> None:
     """A misspelt attribute in either defs.yaml fails ``dg check defs``, naming that file."""
-    root, home = project
-    path = defs_yaml(root, instance)
-    good = path.read_text()
-    spec = yaml.safe_load(good)
-    spec["attributes"]["confidense_field"] = "confidence"
-    path.write_text(yaml.safe_dump(spec))
-    try:
-        checked = dg(root, home, "check", "defs")
-    finally:
-        path.write_text(good)
-    out = checked.stdout + checked.stderr
-    assert checked.returncode != 0, out
+    out = failed_check(project, instance, confidense_field="confidence")
     assert f"{instance}/defs.yaml" in out and "confidense_field" in out, out
 
 
 def test_a_declaration_that_cannot_work_names_the_field(project: tuple[Path, Path]) -> None:
     """A confidence field that is not a number is refused when the project loads."""
-    root, home = project
-    path = defs_yaml(root, "ticket_triage")
-    good = path.read_text()
-    spec = yaml.safe_load(good)
-    spec["attributes"]["confidence_field"] = "summary"
-    path.write_text(yaml.safe_dump(spec))
-    try:
-        checked = dg(root, home, "check", "defs")
-    finally:
-        path.write_text(good)
-    out = checked.stdout + checked.stderr
-    assert checked.returncode != 0, out
+    out = failed_check(project, "ticket_triage", confidence_field="summary")
     assert "confidence_field: Ticket.summary is not a number" in out, out
 
 
