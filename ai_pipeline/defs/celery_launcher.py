@@ -18,16 +18,10 @@ import dagster as dg
 from dagster_celery.launcher import CeleryRunLauncher
 from dagster_celery.tags import DAGSTER_CELERY_TASK_ID_TAG
 
+from ai_pipeline.defs.dagster_private import run_health
+
 # How long a worker has to answer a ping: its main process answers while its pool runs runs.
 PING_SECONDS = 5.0
-
-
-def _health(status: str, message: str | None = None) -> Any:
-    # dagster._core.launcher: the health check's result types have no public export (checked
-    # against dagster 1.13.27).
-    from dagster._core.launcher import CheckRunHealthResult, WorkerStatus
-
-    return CheckRunHealthResult(WorkerStatus[status], message)
 
 
 class LivenessCheckingCeleryRunLauncher(CeleryRunLauncher):
@@ -46,7 +40,7 @@ class LivenessCheckingCeleryRunLauncher(CeleryRunLauncher):
         replies = self.celery.control.ping(destination=[worker], timeout=PING_SECONDS)
         if replies:
             return result
-        return _health(
+        return run_health(
             "FAILED",
             f"Celery worker {worker} does not answer (no reply in {PING_SECONDS:g} s): its host "
             "is taken for lost",

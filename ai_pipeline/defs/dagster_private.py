@@ -139,3 +139,10 @@ def repository_of(definitions: Any, instance: DagsterInstance) -> Any:
     defs state storage rather than whatever instance a context variable still names."""
     with set_defs_state_storage(instance.defs_state_storage):
         return definitions.get_repository_def()
+
+
+def run_health(status: str, message: str | None = None) -> Any:
+    """A run launcher's health check result: ``status`` is a ``WorkerStatus`` name."""
+    from dagster._core.launcher import CheckRunHealthResult, WorkerStatus
+
+    return CheckRunHealthResult(WorkerStatus[status], message)
