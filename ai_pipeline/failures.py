@@ -172,7 +172,7 @@ RULES: dict[Category, Rule] = {
         False,
         Disposition.REVIEW,
         "no retry; review queue (a prompt fix)",
-        cause="confidence below the threshold",
+        cause="confidence below the threshold, or outside the range its output model allows",
     ),
     Category.MODEL_REFUSAL: Rule(
         Layer.MODEL,

@@ -204,6 +204,38 @@ def test_confidence_threshold_is_inclusive_and_configurable() -> None:
     assert ev.failure is not None and ev.failure.category is Category.LOW_CONFIDENCE
 
 
+@pytest.mark.parametrize("confidence", [1000.0, 1e15, -0.2])
+def test_confidence_outside_its_range_is_low_confidence_without_an_output(
+    confidence: float,
+) -> None:
+    """A confidence outside 0..1 (what a grammar-constrained endpoint lets a small model write)
+    is no confidence to trust: LOW_CONFIDENCE, and no output to accept or store."""
+    ev = evaluate(_reply(confidence=confidence), SOURCE)
+    assert _outcomes(ev) == [("refusal", True), ("schema", True), ("confidence", False)]
+    assert ev.failure is not None and ev.failure.category is Category.LOW_CONFIDENCE
+    assert "outside the range of confidence" in ev.failure.message
+    assert ev.output is None
+
+
+def test_confidence_out_of_range_beside_another_problem_is_a_schema_violation() -> None:
+    """When the reply breaks its schema elsewhere too, the schema check decides."""
+    ev = evaluate(_reply(confidence=7, sentiment="mixed"), SOURCE)
+    _assert_schema_violation(ev, "sentiment")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("keywords", ["x" * 61]), ("entities", ["x" * 81]), ("entities", ["ACME Logistics"] * 21)],
+)
+def test_every_string_and_list_of_the_reply_is_bounded(field: str, value: list[str]) -> None:
+    """Keywords, entities and their number have upper bounds, sent in the strict schema, so a
+    grammar-constrained endpoint stops a looping reply at them."""
+    _assert_schema_violation(evaluate(_reply(**{field: value}), SOURCE), field)
+    properties = DOCUMENT_ANALYSIS.response_format()["json_schema"]["schema"]["properties"]
+    for name in ("keywords", "entities"):
+        assert "maxLength" in properties[name]["items"] and "maxItems" in properties[name]
+
+
 def test_entity_not_in_source_is_a_hallucination() -> None:
     """An entity that does not occur in the source fails grounding: MODEL_HALLUCINATION."""
     ev = evaluate(_reply(entities=["ACME Logistics", "Globex Corporation"]), SOURCE)

@@ -9,7 +9,10 @@ Up to four, in order, each with its category when it fails:
   outermost braces (``unwrap``) and the outcome says so; prose with no such object is still a
   violation;
 - ``confidence`` (when a confidence field is declared): at or above the threshold (0.75 by
-  default) → LOW_CONFIDENCE;
+  default) → LOW_CONFIDENCE. A confidence outside the range its output model allows (``1e15`` for
+  a number from 0 to 1: a grammar-constrained endpoint such as llama.cpp's bounds strings and
+  lists but not numbers) is no confidence to trust: LOW_CONFIDENCE too, when it is the reply's
+  only problem, and the reply has no output then;
 - ``grounding`` (when grounded fields are declared): every value occurs in the source text after
   normalisation → MODEL_HALLUCINATION.
 
@@ -18,7 +21,6 @@ Nothing here calls a model or knows Dagster, and nothing names a field of any on
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import re
 import unicodedata
@@ -120,6 +122,24 @@ def _schema_error(e: ValidationError) -> str:
     return "; ".join(problems)
 
 
+_RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+
+
+def _out_of_range(e: ValidationError, confidence_field: str | None) -> str | None:
+    """The confidence check's message when the one problem of a reply is a confidence outside
+    the bounds of its field; else None (the reply breaks its schema)."""
+    errors = e.errors()
+    if confidence_field is None or len(errors) != 1:
+        return None
+    (error,) = errors
+    if error["loc"] != (confidence_field,) or error["type"] not in _RANGE_ERRORS:
+        return None
+    return (
+        f"confidence {error['input']!r} is outside the range of {confidence_field} "
+        f"({error['msg'].lower()}): not a confidence to trust"
+    )
+
+
 def _free_text(output: BaseModel, grounded_fields: tuple[str, ...]) -> list[str]:
     """The top-level string values that are the model's own words (not declared as taken from
     the document): where a refusal would be written inside a valid reply."""
@@ -159,15 +179,19 @@ def evaluate(
     # A reply that is not JSON and holds a refusal phrase is a refusal even if the document says
     # the same words (a document may ask the model to answer "I don't know").
     phrase = find_refusal(reply, extra=refusals)
+    out_of_range: str | None = None
     try:
         parsed: BaseModel | None = model.model_validate_json(reply)
     except ValidationError as e:
         parsed, schema_problem = None, _schema_error(e)
+        out_of_range = _out_of_range(e, confidence_field)
         inner = unwrap(reply) if finish_reason != "length" else None
         if inner is not None:
             # Else the first problem, of the reply as it came, is the one reported.
-            with contextlib.suppress(ValidationError):
+            try:
                 parsed, ev.unwrapped = model.model_validate_json(inner[0]), inner[1]
+            except ValidationError as inner_error:
+                out_of_range = out_of_range or _out_of_range(inner_error, confidence_field)
     # A reply that parses is an output even if a field quotes a refusal phrase; only the model's
     # own words are looked at then, and a phrase the document holds is a quote.
     if parsed is not None:
@@ -197,6 +221,10 @@ def evaluate(
                 Category.SCHEMA_VIOLATION,
             )
         )
+        return ev
+    if parsed is None and out_of_range is not None:
+        ev.outcomes.append(CheckOutcome("schema", True, "valid JSON with every field"))
+        ev.outcomes.append(CheckOutcome("confidence", False, out_of_range, Category.LOW_CONFIDENCE))
         return ev
     if parsed is None:
         ev.outcomes.append(
