@@ -99,3 +99,13 @@ def test_merge_weighs_sections_and_keeps_the_schema() -> None:
     assert len(long.summary) <= SUMMARY_CHARS
     Analysis.model_validate(merged.model_dump())
     assert merge([a]) == a[1]
+
+
+def test_merge_keeps_the_twenty_most_named_entities() -> None:
+    """Sections naming 35 entities merge into the 20 named most often (then first), within the
+    output model's bound."""
+    names = [f"Party {i}" for i in range(35)]
+    parts = [part(1, 10, entities=names[:20]), part(2, 10, entities=names[15:35])]
+    merged = merge(parts)
+    assert merged.entities == names[15:20] + names[:15]
+    Analysis.model_validate(merged.model_dump())

@@ -5,9 +5,13 @@ task ids carry only its version (``fingerprint=False``), as they have since its 
 the checkpoints of existing deployments stay valid: bump ``version`` with every change of the
 instructions or the model.
 
+Every string and list of the output is bounded, so a grammar-constrained endpoint (llama.cpp,
+vLLM) ends a reply that loops inside a keyword or an entity list at a bounded length instead of at
+the token limit; the bounds are far above what a sound reply holds.
+
 A long document is cut at its headings and clauses up to the section budget; the sections'
 analyses merge into the document's without another call: keywords and entities by how often and
-how early they occur, the summaries joined in order (within the 200 characters), the sentiment
+how early they occur (at most 20 entities), the summaries joined in order (within the 200 characters), the sentiment
 that weighs most by section length, and the lowest confidence (a document is as sure as its least
 sure part).
 """
@@ -15,13 +19,16 @@ sure part).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ai_pipeline.declaration import Declaration, Reduce, Section, Sections
 
 SUMMARY_CHARS = 200
+MAX_ENTITIES = 20
+Keyword = Annotated[str, Field(max_length=60)]
+Entity = Annotated[str, Field(max_length=80)]
 
 INSTRUCTIONS = (
     "You analyse one document and answer with a single JSON object and nothing else. "
@@ -41,10 +48,10 @@ class DocumentAnalysis(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    keywords: list[str] = Field(min_length=1, max_length=3)
+    keywords: list[Keyword] = Field(min_length=1, max_length=3)
     summary: str = Field(min_length=1, max_length=SUMMARY_CHARS)
     sentiment: Literal["positive", "neutral", "negative"]
-    entities: list[str]
+    entities: list[Entity] = Field(max_length=MAX_ENTITIES)
     confidence: float = Field(ge=0.0, le=1.0)
 
 
@@ -62,7 +69,7 @@ def merge(parts: list[tuple[Section, DocumentAnalysis]]) -> DocumentAnalysis:
         keywords=_most_common([a.keywords for _, a in parts], 3),
         summary=_summary([a.summary for _, a in parts]),
         sentiment=sentiment,  # type: ignore[arg-type]
-        entities=_most_common([a.entities for _, a in parts], None),
+        entities=_most_common([a.entities for _, a in parts], MAX_ENTITIES),
         confidence=min(a.confidence for _, a in parts),
     )
 
