@@ -84,8 +84,9 @@ class LlamaServer:
         self.port = free_port()
         self.log_path = log_path
         # Two threads: the machine's two cores are shared with the rest of the suite. Each slot
-        # gets a context of 4,096 tokens (``-c`` is shared among them): a sample's prompt and its
-        # reply fit in it.
+        # gets a context of 6,144 tokens (``-c`` is shared among them): a sample's prompt and a
+        # reply as long as the default output limit (4,096) fit in it, so a reply ends at the
+        # limit the request sent, not at the end of the context.
         self.argv = [
             str(binary),
             "-m",
@@ -97,7 +98,7 @@ class LlamaServer:
             "-t",
             "2",
             "-c",
-            str(4096 * slots),
+            str(6144 * slots),
             "-np",
             str(slots),
             "-a",

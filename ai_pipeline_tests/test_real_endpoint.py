@@ -42,10 +42,6 @@ SAMPLES = (
 CONCURRENCY = 2
 # What the output checks decide about a reply that parsed: the model layer of the taxonomy.
 CHECKED = {Category.LOW_CONFIDENCE, Category.MODEL_HALLUCINATION, Category.MODEL_REFUSAL}
-# First run against a llama-server built from source on a loaded two-core machine: 2.4 generated
-# tokens/s, the first reply still running at the 240 s timeout (the output limit is 4,096): the
-# run did not finish in 400 s. Off until a reply is bounded in time as well as in tokens.
-NOT_YET = pytest.mark.skip(reason="first real run timed out: a reply may run to 4,096 tokens")
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +66,6 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServ
         server.stop()
 
 
-@NOT_YET
 @pytest.mark.slow
 @pytest.mark.realmodel
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
@@ -138,14 +133,13 @@ def test_document_analysis_against_llama_server(
     print(json.dumps({"outcomes": list(outcomes.values()), "attempts": attempts}, default=str))
 
 
-@NOT_YET
 @pytest.mark.slow
 @pytest.mark.realmodel
 def test_llama_server_enforces_a_strict_schema_but_not_json_mode(llama_server: LlamaServer) -> None:
     """Why requests carry Structured Outputs: llama-server (without ``--no-jinja``) ignores
     ``response_format: json_object`` and answers a request that does not ask for JSON in prose,
     while the same request with the built-in analysis's strict schema comes back as an object
-    the output model accepts."""
+    that passes the schema check."""
     import openai
 
     client = openai.OpenAI(base_url=llama_server.base_url, api_key="no-key", max_retries=0)
@@ -160,7 +154,10 @@ def test_llama_server_enforces_a_strict_schema_but_not_json_mode(llama_server: L
         json.loads(prose)
 
     schema = client.chat.completions.create(
-        **common, response_format=DOCUMENT_ANALYSIS.response_format(), max_tokens=300
+        **common, response_format=DOCUMENT_ANALYSIS.response_format(), max_tokens=4096
     )
     assert schema.choices[0].finish_reason == "stop", schema
-    DOCUMENT_ANALYSIS.output_model.model_validate_json(schema.choices[0].message.content or "")
+    # The grammar holds every string and list to its bounds; a number it cannot bound (a
+    # confidence of -10) is the confidence check's to judge, so the schema check passes.
+    verdict = DOCUMENT_ANALYSIS.evaluate(schema.choices[0].message.content or "", "")
+    assert ("schema", True) in [(o.name, o.passed) for o in verdict.outcomes], verdict
