@@ -20,14 +20,9 @@ from ai_pipeline.documents import parse_document
 from ai_pipeline.engine import Analyser
 from ai_pipeline.failures import Category
 from ai_pipeline.llm import LLMClient, LLMReply
-from ai_pipeline.openai_batch import (
-    BatchJobs,
-    BatchRequest,
-    file_of,
-    plan,
-    requests_for,
-    split,
-)
+from ai_pipeline.openai_batch.jobs import BatchJobs
+from ai_pipeline.openai_batch.planning import plan
+from ai_pipeline.openai_batch.request_files import BatchRequest, file_of, requests_for, split
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.reporting import spend_report
 from ai_pipeline.spend import Meter, Price, Prices, estimate_prompt_tokens
@@ -481,7 +476,7 @@ def test_the_batch_price_is_half_unless_the_table_says_otherwise() -> None:
 KILLED_AT = """
 import os, signal, sys
 import openai
-from ai_pipeline.openai_batch import BatchJobs
+from ai_pipeline.openai_batch.jobs import BatchJobs
 from ai_pipeline.spend import Price, Prices, estimate_prompt_tokens
 from ai_pipeline.store import Store
 

@@ -25,7 +25,7 @@ from ai_pipeline.errors import InputError
 
 
 def _jobs() -> Any:
-    from ai_pipeline.openai_batch import open_jobs
+    from ai_pipeline.openai_batch.operations import open_jobs
     from ai_pipeline.settings import Settings
 
     ensure_dagster_home()
@@ -50,7 +50,7 @@ def _print_job(job: dict[str, Any]) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from ai_pipeline.openai_batch import submit
+    from ai_pipeline.openai_batch.operations import submit
 
     jobs, settings = _jobs()
     out = submit(jobs, settings.analysis_model, args.document_ids or None, budget=budget_of(args))
@@ -75,7 +75,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_follow(args: argparse.Namespace) -> int:
-    from ai_pipeline.openai_batch import follow
+    from ai_pipeline.openai_batch.operations import follow
 
     jobs, _ = _jobs()
     out = follow(jobs, max_jobs=args.max_jobs)
@@ -96,7 +96,7 @@ def cmd_follow(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from ai_pipeline.openai_batch import job_report
+    from ai_pipeline.openai_batch.operations import job_report
 
     jobs, _ = _jobs()
     found = [job_report(jobs.store, job) for job in jobs.store.openai_batches.recent(args.limit)]
@@ -117,7 +117,7 @@ def _find(jobs: Any, ident: str) -> Any:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from ai_pipeline.openai_batch import job_report
+    from ai_pipeline.openai_batch.operations import job_report
 
     jobs, _ = _jobs()
     out = job_report(jobs.store, _find(jobs, args.id), with_lines=True)
@@ -132,7 +132,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from ai_pipeline.openai_batch import job_report
+    from ai_pipeline.openai_batch.operations import job_report
 
     jobs, _ = _jobs()
     job = jobs.cancel(_find(jobs, args.id).intent_id)

@@ -40,7 +40,7 @@ from ai_pipeline.defs.site import ANALYSIS_TAG, DEFAULT_SITE, Site
 from ai_pipeline.engine import Analyser
 from ai_pipeline.intake import BATCH_TAG
 from ai_pipeline.notify import Notifier
-from ai_pipeline.openai_batch import submit as submit_to_batch_api
+from ai_pipeline.openai_batch.operations import submit as submit_to_batch_api
 from ai_pipeline.reporting import build_report, chart_png, to_markdown
 from ai_pipeline.spend import Meter, Prices, run_budgets
 from ai_pipeline.stages import STAGES, Stage, StageDeferred, StageDone, StageFailed

@@ -29,7 +29,9 @@ from ai_pipeline.defs.partitions import missing_partitions
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.defs.site import DEFAULT_SITE, Site
 from ai_pipeline.intake import batches
-from ai_pipeline.openai_batch import BatchJobs, batch_client, plan
+from ai_pipeline.openai_batch.jobs import BatchJobs
+from ai_pipeline.openai_batch.operations import batch_client
+from ai_pipeline.openai_batch.planning import plan
 from ai_pipeline.settings import Settings
 from ai_pipeline.spend import Prices
 from ai_pipeline.store import Store

@@ -27,8 +27,9 @@ from ai_pipeline.documents import display_path
 from ai_pipeline.errors import InputError
 from ai_pipeline.failures import Category
 from ai_pipeline.intake import BATCH_TAG, batch_key
-from ai_pipeline.openai_batch import BatchJobs, batch_client
-from ai_pipeline.openai_batch import submit as submit_to_batch_api
+from ai_pipeline.openai_batch.jobs import BatchJobs
+from ai_pipeline.openai_batch.operations import batch_client
+from ai_pipeline.openai_batch.operations import submit as submit_to_batch_api
 from ai_pipeline.reporting import current_task_suffix, current_versions, status_report, stop_reason
 from ai_pipeline.spend import BUDGET_TAG, Budget, Prices, batch_budget_key
 from ai_pipeline.states import State
@@ -248,7 +249,7 @@ def _launch(
 ) -> dict[str, Any]:
     """Launch these documents' analysis: a backfill (SYNC), or (BATCH_API) Batch API jobs and
     a backfill of what cannot go in one. ``backfill_id`` (None: no backfill) and, by batch,
-    ``batch_api``: what was sent (``ai_pipeline.openai_batch.submit``)."""
+    ``batch_api``: what was sent (``ai_pipeline.openai_batch.operations.submit``)."""
     if via not in VIA:
         raise InputError(f"via {via!r}: one of {', '.join(VIA)}")
 

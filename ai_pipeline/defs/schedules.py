@@ -29,7 +29,7 @@ from ai_pipeline.defs.backfills import (
 from ai_pipeline.defs.openai_batches import batch_jobs
 from ai_pipeline.defs.resources import LLMResource, ResultsStore
 from ai_pipeline.defs.site import DEFAULT_SITE, Site
-from ai_pipeline.openai_batch import submit
+from ai_pipeline.openai_batch.operations import submit
 
 NIGHTLY_TAG = "ai_pipeline/nightly"
 

@@ -20,7 +20,9 @@ from ai_pipeline.defs.relaunch import BATCH_API, submit_batch
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.defs.schedules import build_nightly_retry_schedule
 from ai_pipeline.intake import register_files
-from ai_pipeline.openai_batch import BatchJobs, batch_client, plan
+from ai_pipeline.openai_batch.jobs import BatchJobs
+from ai_pipeline.openai_batch.operations import batch_client
+from ai_pipeline.openai_batch.planning import plan
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.settings import Settings
 from ai_pipeline.spend import Prices
