@@ -15,8 +15,9 @@ import pytest
 
 from ai_pipeline.analyses import DOCUMENT_ANALYSIS
 from ai_pipeline.rehearsal.batch_api import BatchAPI
+from ai_pipeline.rehearsal.control import SimulatorControl
 from ai_pipeline.rehearsal.faults import SimulatorConfig
-from ai_pipeline.rehearsal.simulator import SimulatorControl, SimulatorServer
+from ai_pipeline.rehearsal.simulator import SimulatorServer
 
 TEXTS = [
     f"Report {i}: the Rotterdam depot of Acme Logistics shipped {i * 7} crates on time."

@@ -15,8 +15,9 @@ from openai.types.chat import ChatCompletion
 
 from ai_pipeline.analyses import DOCUMENT_ANALYSIS
 from ai_pipeline.rehearsal.analysis import analyse
+from ai_pipeline.rehearsal.control import SimulatorControl
 from ai_pipeline.rehearsal.faults import FaultRule, SimulatorConfig
-from ai_pipeline.rehearsal.simulator import SimulatorControl, SimulatorServer
+from ai_pipeline.rehearsal.simulator import SimulatorServer
 
 COMPLAINT = (
     "Dear Acme Logistics team,\n\n"
