@@ -23,7 +23,7 @@ from ai_pipeline.settings import Settings
 from ai_pipeline.spend import Prices
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
-from ai_pipeline.store.openai_batches import BatchJob
+from ai_pipeline.store.openai_batch_rows import BatchJob
 from ai_pipeline.store.rows import DocumentRow, ResultRow
 from ai_pipeline.tasks import ANALYSE_STEP, task_suffix
 

@@ -29,7 +29,7 @@ from ai_pipeline.spend import Meter, Price, Prices, estimate_prompt_tokens
 from ai_pipeline.stages import StageFailed
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
-from ai_pipeline.store.openai_batches import JobStatus, LineState, PlannedTask
+from ai_pipeline.store.openai_batch_rows import JobStatus, LineState, PlannedTask
 from ai_pipeline.store.tables import metadata
 from ai_pipeline_tests.support import TEST_API_KEY, TEST_MODEL, FakeTime, RecordingLog, sample_text
 

@@ -25,7 +25,7 @@ from ai_pipeline.openai_batch.results import Ingestion, PhaseHook, Progress
 from ai_pipeline.redaction import redact
 from ai_pipeline.spend import Prices
 from ai_pipeline.store import Store
-from ai_pipeline.store.openai_batches import BatchJob, JobStatus
+from ai_pipeline.store.openai_batch_rows import BatchJob, JobStatus
 
 logger = logging.getLogger("ai_pipeline.openai_batch")
 

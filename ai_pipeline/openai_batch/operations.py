@@ -17,7 +17,7 @@ from ai_pipeline.settings import Settings
 from ai_pipeline.spend import Budget, Prices
 from ai_pipeline.states import State
 from ai_pipeline.store import Store, open_store
-from ai_pipeline.store.openai_batches import BatchJob, JobStatus
+from ai_pipeline.store.openai_batch_rows import BatchJob, JobStatus
 from ai_pipeline.tasks import document_of
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"

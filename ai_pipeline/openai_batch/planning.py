@@ -21,7 +21,7 @@ from ai_pipeline.openai_batch.request_files import (
 )
 from ai_pipeline.spend import DEFAULT_COMPLETION_RESERVE, Prices, estimate_prompt_tokens
 from ai_pipeline.store import Store
-from ai_pipeline.store.openai_batches import BatchJob, LineState, TasksTaken
+from ai_pipeline.store.openai_batch_rows import BatchJob, LineState, TasksTaken
 from ai_pipeline.store.spend import BudgetRefused
 
 # How many of a task's lines may fail retryably or expire before it is no longer batched.

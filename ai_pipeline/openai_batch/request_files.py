@@ -13,7 +13,7 @@ from typing import Any
 from ai_pipeline.declaration import DEFAULT_SECTION_CHARS
 from ai_pipeline.llm import chat_request
 from ai_pipeline.store import Store
-from ai_pipeline.store.openai_batches import PlannedTask
+from ai_pipeline.store.openai_batch_rows import PlannedTask
 from ai_pipeline.tasks import ANALYSE_STEP, task_id
 
 ENDPOINT = "/v1/chat/completions"

@@ -17,7 +17,7 @@ from ai_pipeline.llm_access import billed_details
 from ai_pipeline.redaction import redact
 from ai_pipeline.spend import Prices
 from ai_pipeline.store import Store
-from ai_pipeline.store.openai_batches import BatchJob, JobStatus, LineState
+from ai_pipeline.store.openai_batch_rows import BatchJob, JobStatus, LineState
 from ai_pipeline.store.spend import ANSWER, ESTIMATED_ANSWER, Usage
 from ai_pipeline.truncation import larger_limit
 

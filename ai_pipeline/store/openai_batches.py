@@ -13,16 +13,14 @@ every step can be taken again without doing it twice:
   settles an error line the same way;
 - ``finish`` ends a job: lines left pending become unanswered and every task is released.
 
+The rows it returns are :mod:`ai_pipeline.store.openai_batch_rows`'.
 How a job is built, sent and read is ``ai_pipeline.openai_batch``'s; this module only stores it.
 Not to be confused with ``ai_pipeline.store.batches`` (named sets of submitted documents).
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -30,150 +28,18 @@ from sqlalchemy.engine import Connection
 from ai_pipeline.failures import Category
 from ai_pipeline.store.database import Database
 from ai_pipeline.store.documents import utcnow
-from ai_pipeline.store.rows import aware
+from ai_pipeline.store.openai_batch_rows import (
+    BatchJob,
+    BatchLine,
+    JobStatus,
+    LineState,
+    PlannedTask,
+    TasksTaken,
+    job_from_row,
+    line_from_row,
+)
 from ai_pipeline.store.spend import Usage, record_usage, release_in, reserve_in
 from ai_pipeline.store.tables import openai_batch_lines, openai_batches
-
-
-class JobStatus(str, enum.Enum):
-    """Where a Batch API job stands: ours before it goes out, then the remote batch's status,
-    then ours again once every line is settled."""
-
-    PLANNED = "planned"
-    UPLOADED = "uploaded"
-    VALIDATING = "validating"
-    IN_PROGRESS = "in_progress"
-    FINALIZING = "finalizing"
-    CANCELLING = "cancelling"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    EXPIRED = "expired"
-    CANCELLED = "cancelled"
-    INGESTED = "ingested"
-    # Never went out (its request file could not be rebuilt as planned): its tasks are free.
-    ABANDONED = "abandoned"
-
-    @property
-    def remote_ended(self) -> bool:
-        """The remote batch is over: its files are final, its lines can be read."""
-        return self in (
-            JobStatus.COMPLETED,
-            JobStatus.FAILED,
-            JobStatus.EXPIRED,
-            JobStatus.CANCELLED,
-        )
-
-    @property
-    def finished(self) -> bool:
-        """Nothing is left to do for the job."""
-        return self in (JobStatus.INGESTED, JobStatus.ABANDONED)
-
-
-class LineState(str, enum.Enum):
-    PENDING = "pending"
-    ANSWERED = "answered"  # its reply is the task's checkpoint
-    FAILED = "failed"  # an error line: its category and status code say why
-    EXPIRED = "expired"  # batch_expired: the window closed before it was done
-    UNANSWERED = "unanswered"  # the job ended without a line for it (cancelled, failed)
-
-
-@dataclass(frozen=True)
-class BatchJob:
-    intent_id: str
-    model: str
-    endpoint: str
-    task_count: int
-    content_hash: str
-    content_bytes: int
-    file_id: str | None
-    batch_id: str | None
-    status: JobStatus
-    remote_status: str | None
-    request_total: int | None
-    request_completed: int | None
-    request_failed: int | None
-    output_file_id: str | None
-    error_file_id: str | None
-    error: str | None
-    budget_keys: list[str]
-    completion_cap: int | None
-    created_at: datetime
-    updated_at: datetime
-    submitted_at: datetime | None
-    ended_at: datetime | None
-
-
-@dataclass(frozen=True)
-class BatchLine:
-    intent_id: str
-    task_id: str
-    ordinal: int
-    document_id: str
-    step: str
-    state: LineState
-    category: Category | None
-    status_code: int | None
-    error: str | None
-
-
-@dataclass(frozen=True)
-class PlannedTask:
-    """A task a job carries: its id, document and step (its line's ``custom_id`` is the id)."""
-
-    task_id: str
-    document_id: str
-    step: str
-    # What its line reserves of the job's budgets (at the batch price) until it is settled.
-    reserved_tokens: int = 0
-    reserved_usd: float = 0.0
-
-
-class TasksTaken(ValueError):
-    """Some of the tasks of a planned job are in another open job already."""
-
-
-def _job(row: sa.Row) -> BatchJob:  # type: ignore[type-arg]
-    def when(value: datetime | None) -> datetime | None:
-        return aware(value) if value is not None else None
-
-    return BatchJob(
-        intent_id=row.intent_id,
-        model=row.model,
-        endpoint=row.endpoint,
-        task_count=row.task_count,
-        content_hash=row.content_hash,
-        content_bytes=row.content_bytes,
-        file_id=row.file_id,
-        batch_id=row.batch_id,
-        status=JobStatus(row.status),
-        remote_status=row.remote_status,
-        request_total=row.request_total,
-        request_completed=row.request_completed,
-        request_failed=row.request_failed,
-        output_file_id=row.output_file_id,
-        error_file_id=row.error_file_id,
-        error=row.error,
-        budget_keys=list(row.budget_keys or []),
-        completion_cap=row.completion_cap,
-        created_at=aware(row.created_at),
-        updated_at=aware(row.updated_at),
-        submitted_at=when(row.submitted_at),
-        ended_at=when(row.ended_at),
-    )
-
-
-def _line(row: sa.Row) -> BatchLine:  # type: ignore[type-arg]
-    return BatchLine(
-        intent_id=row.intent_id,
-        task_id=row.task_id,
-        ordinal=row.ordinal,
-        document_id=row.document_id,
-        step=row.step,
-        state=LineState(row.state),
-        category=Category(row.category) if row.category else None,
-        status_code=row.status_code,
-        error=row.error,
-    )
 
 
 class OpenAIBatches:
@@ -265,11 +131,11 @@ class OpenAIBatches:
         rows = self.db.rows(
             sa.select(openai_batches).where(openai_batches.c.intent_id == intent_id)
         )
-        return _job(rows[0]) if rows else None
+        return job_from_row(rows[0]) if rows else None
 
     def by_batch_id(self, batch_id: str) -> BatchJob | None:
         rows = self.db.rows(sa.select(openai_batches).where(openai_batches.c.batch_id == batch_id))
-        return _job(rows[0]) if rows else None
+        return job_from_row(rows[0]) if rows else None
 
     def unfinished(self) -> list[BatchJob]:
         """Every job with something left to do, oldest first."""
@@ -279,18 +145,20 @@ class OpenAIBatches:
             .where(openai_batches.c.status.not_in(done))
             .order_by(openai_batches.c.created_at, openai_batches.c.intent_id)
         )
-        return [_job(r) for r in self.db.rows(query)]
+        return [job_from_row(r) for r in self.db.rows(query)]
 
     def recent(self, limit: int = 50) -> list[BatchJob]:
         query = sa.select(openai_batches).order_by(openai_batches.c.created_at.desc()).limit(limit)
-        return [_job(r) for r in self.db.rows(query)]
+        return [job_from_row(r) for r in self.db.rows(query)]
 
     def lines(self, intent_id: str, state: LineState | None = None) -> list[BatchLine]:
         """A job's lines in their order in its request file (of one state, when given)."""
         query = sa.select(openai_batch_lines).where(openai_batch_lines.c.intent_id == intent_id)
         if state is not None:
             query = query.where(openai_batch_lines.c.state == state.value)
-        return [_line(r) for r in self.db.rows(query.order_by(openai_batch_lines.c.ordinal))]
+        return [
+            line_from_row(r) for r in self.db.rows(query.order_by(openai_batch_lines.c.ordinal))
+        ]
 
     def remote_statuses(self, intent_ids: Iterable[str]) -> dict[str, str | None]:
         """The remote batch's status of each of these jobs (None: never sent)."""
@@ -301,13 +169,16 @@ class OpenAIBatches:
     def lines_of(self, task_ids: Iterable[str]) -> list[BatchLine]:
         """Every line these tasks had, in any job."""
         query = sa.select(openai_batch_lines)
-        return [_line(r) for r in self.db.select_in(query, openai_batch_lines.c.task_id, task_ids)]
+        return [
+            line_from_row(r)
+            for r in self.db.select_in(query, openai_batch_lines.c.task_id, task_ids)
+        ]
 
     def lines_of_documents(self, document_ids: Iterable[str]) -> list[BatchLine]:
         """Every line these documents had, in any job."""
         query = sa.select(openai_batch_lines)
         rows = self.db.select_in(query, openai_batch_lines.c.document_id, document_ids)
-        return [_line(r) for r in rows]
+        return [line_from_row(r) for r in rows]
 
     def waiting(self, document_ids: Iterable[str]) -> dict[str, BatchJob]:
         """The open job each of these documents waits in (a line of it not yet settled)."""
@@ -318,7 +189,7 @@ class OpenAIBatches:
         ]
         query = sa.select(openai_batches)
         rows = self.db.select_in(query, openai_batches.c.intent_id, {x.intent_id for x in lines})
-        jobs = {job.intent_id: job for job in map(_job, rows) if not job.status.finished}
+        jobs = {job.intent_id: job for job in map(job_from_row, rows) if not job.status.finished}
         return {x.document_id: jobs[x.intent_id] for x in lines if x.intent_id in jobs}
 
     # -- following the job -------------------------------------------------------------------

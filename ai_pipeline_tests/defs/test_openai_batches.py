@@ -27,7 +27,7 @@ from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.settings import Settings
 from ai_pipeline.spend import Prices
 from ai_pipeline.states import State
-from ai_pipeline.store.openai_batches import LineState
+from ai_pipeline.store.openai_batch_rows import LineState
 from ai_pipeline_tests.dagster_procs import DagsterProcess, running, wait_for
 from ai_pipeline_tests.support import (
     TEST_API_KEY,

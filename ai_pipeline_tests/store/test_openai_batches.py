@@ -7,7 +7,7 @@ import pytest
 
 from ai_pipeline.failures import Category
 from ai_pipeline.store import Store
-from ai_pipeline.store.openai_batches import JobStatus, LineState, PlannedTask, TasksTaken
+from ai_pipeline.store.openai_batch_rows import JobStatus, LineState, PlannedTask, TasksTaken
 from ai_pipeline.store.spend import Usage
 
 
