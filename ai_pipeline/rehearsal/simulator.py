@@ -37,7 +37,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ai_pipeline.rehearsal import openai_rules
-from ai_pipeline.rehearsal.batch_api import APIError, BatchAPI
+from ai_pipeline.rehearsal.batch_api import BatchAPI
+from ai_pipeline.rehearsal.batch_validation import APIError
 from ai_pipeline.rehearsal.chat_endpoint import ChatEndpoint, error_body, status_answer
 from ai_pipeline.rehearsal.faults import FaultRule, SimulatorConfig, SimulatorState
 from ai_pipeline.rehearsal.replies import DOCUMENT_END, DOCUMENT_START, extract_document
