@@ -21,7 +21,6 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from ai_pipeline.defs.backfills import (
     wait_for_backfill,
 )
 from ai_pipeline.defs.dagster_private import repository_of
+from ai_pipeline.defs.document_trace import trace_with_runs
 from ai_pipeline.defs.jobs import range_tags
 from ai_pipeline.defs.logs import TASK_LINES_TAG
 from ai_pipeline.defs.partitions import add_partitions
@@ -56,7 +56,6 @@ from ai_pipeline.states import State
 from ai_pipeline.store import Store, open_store
 from ai_pipeline.store.rows import Decision, DocumentRow
 from ai_pipeline.tasks import SECTION_STEP_PREFIX
-from ai_pipeline.trace import trace
 
 QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
@@ -94,11 +93,6 @@ class Registration:
 
 def failure_of(doc: DocumentRow) -> dict[str, Any]:
     return {"category": doc.category.value if doc.category else None, "error": doc.last_error}
-
-
-def _at(timestamp: float, kind: str, detail: str, **fields: Any) -> dict[str, Any]:
-    at = datetime.fromtimestamp(timestamp, tz=timezone.utc)
-    return {"at": at.isoformat(), "kind": kind, "detail": detail, **fields}
 
 
 def returned(
@@ -372,49 +366,8 @@ class Launcher:
     # --- tracing -----------------------------------------------------------------------------
 
     def trace(self, any_id: str) -> dict[str, Any]:
-        """A document's story (``ai_pipeline.trace``) with what Dagster holds of it: each of its
-        runs (status, start, end) and every check evaluated on its partition."""
-        story = trace(self.store, any_id)
-        document_id = story["document_id"]
-        events = story["events"]
-        runs = []
-        # Dagster refuses a filter on an empty list of runs (a document never run yet).
-        records = (
-            self.instance.get_run_records(dg.RunsFilter(run_ids=story["runs"]))
-            if story["runs"]
-            else []
-        )
-        for record in records:
-            run = record.dagster_run
-            runs.append({"run_id": run.run_id, "status": run.status.value})
-            for at, what in ((record.start_time, "started"), (record.end_time, "ended")):
-                if at is not None:
-                    detail = f"run {what}" + (f": {run.status.value}" if what == "ended" else "")
-                    events.append(_at(at, "run", detail, run_id=run.run_id))
-            checks = self.instance.get_records_for_run(
-                run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION, limit=100_000
-            ).records
-            for entry in (c.event_log_entry for c in checks):
-                event = entry.dagster_event
-                evaluation = event.event_specific_data if event else None
-                if (
-                    not isinstance(evaluation, dg.AssetCheckEvaluation)
-                    or evaluation.partition != document_id
-                ):
-                    continue
-                verdict = "passed" if evaluation.passed else "FAILED"
-                events.append(
-                    _at(
-                        entry.timestamp,
-                        "check",
-                        f"{evaluation.check_name}: {verdict}",
-                        run_id=run.run_id,
-                        passed=evaluation.passed,
-                    )
-                )
-        events.sort(key=lambda e: e["at"])
-        story["dagster_runs"] = runs
-        return story
+        """A document's story with what Dagster holds of it (``document_trace``)."""
+        return trace_with_runs(self.instance, self.store, any_id)
 
     # --- review ------------------------------------------------------------------------------
 
