@@ -117,9 +117,9 @@ def create_app(config: SimulatorConfig) -> Starlette:
             return ConnectionReset()
         return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
 
-    def batch_endpoint(
-        name: str, handler: Callable[[Request], Awaitable[Any]]
-    ) -> Callable[[Request], Awaitable[Response]]:
+    def batch_route(
+        method: str, path: str, name: str, handler: Callable[[Request], Awaitable[Any]]
+    ) -> Route:
         """A Batch API route: counted, authorized, its APIError answered as OpenAI does."""
 
         async def route(request: Request) -> Response:
@@ -132,7 +132,7 @@ def create_app(config: SimulatorConfig) -> Starlette:
                 return JSONResponse(e.body(), status_code=e.status)
             return result if isinstance(result, Response) else JSONResponse(result)
 
-        return route
+        return Route(path, route, methods=[method])
 
     async def upload_file(request: Request) -> Any:
         form = await request.form()
@@ -259,30 +259,14 @@ def create_app(config: SimulatorConfig) -> Starlette:
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-            Route("/v1/files", batch_endpoint("files.create", upload_file), methods=["POST"]),
-            Route("/v1/files", batch_endpoint("files.list", list_files), methods=["GET"]),
-            Route(
-                "/v1/files/{file_id}",
-                batch_endpoint("files.retrieve", retrieve_file),
-                methods=["GET"],
-            ),
-            Route(
-                "/v1/files/{file_id}/content",
-                batch_endpoint("files.content", file_content),
-                methods=["GET"],
-            ),
-            Route("/v1/batches", batch_endpoint("batches.create", create_batch), methods=["POST"]),
-            Route("/v1/batches", batch_endpoint("batches.list", list_batches), methods=["GET"]),
-            Route(
-                "/v1/batches/{batch_id}",
-                batch_endpoint("batches.retrieve", retrieve_batch),
-                methods=["GET"],
-            ),
-            Route(
-                "/v1/batches/{batch_id}/cancel",
-                batch_endpoint("batches.cancel", cancel_batch),
-                methods=["POST"],
-            ),
+            batch_route("POST", "/v1/files", "files.create", upload_file),
+            batch_route("GET", "/v1/files", "files.list", list_files),
+            batch_route("GET", "/v1/files/{file_id}", "files.retrieve", retrieve_file),
+            batch_route("GET", "/v1/files/{file_id}/content", "files.content", file_content),
+            batch_route("POST", "/v1/batches", "batches.create", create_batch),
+            batch_route("GET", "/v1/batches", "batches.list", list_batches),
+            batch_route("GET", "/v1/batches/{batch_id}", "batches.retrieve", retrieve_batch),
+            batch_route("POST", "/v1/batches/{batch_id}/cancel", "batches.cancel", cancel_batch),
             Route("/_sim/batch-timing", batch_timing, methods=["GET", "POST"]),
             Route("/_sim/stats", get_stats, methods=["GET"]),
             Route("/_sim/reset", post_reset, methods=["POST"]),
