@@ -99,30 +99,21 @@ class Ingestion:
             try:
                 reply, usage = self._reply(job, task, document_id, step, response["body"])
             except ClassifiedError as e:
-                batches.fail_line(
-                    job.intent_id,
-                    task,
-                    LineState.FAILED,
-                    category=e.category,
-                    status_code=status,
-                    error=e.message,
-                )
-                progress.failed += 1
+                self._failed(job, task, progress, e.category, status, e.message)
                 return
             if reply.finish_reason == "length" and self._asks_again(job.model):
                 # The synchronous path would not keep this reply: it asks once more with a
                 # larger limit. The line is paid for; its task is left to that path.
-                batches.fail_line(
-                    job.intent_id,
+                self._failed(
+                    job,
                     task,
-                    LineState.FAILED,
-                    category=Category.SCHEMA_VIOLATION,
-                    status_code=status,
-                    error="cut off at the output limit: left to the synchronous path, which asks "
-                    "again with a larger one",
+                    progress,
+                    Category.SCHEMA_VIOLATION,
+                    status,
+                    "cut off at the output limit: left to the synchronous path, which asks again "
+                    "with a larger one",
                     usage=usage,
                 )
-                progress.failed += 1
                 return
             # As a call's reply: stored before anything else is done with it.
             self.store.checkpoints.put(task, document_id, step, reply.to_payload())
@@ -133,17 +124,11 @@ class Ingestion:
             return
         if isinstance(status, int):
             error = (response.get("body") or {}).get("error") or {}
-            batches.fail_line(
-                job.intent_id,
-                task,
-                LineState.FAILED,
-                category=category_for_reply(
-                    status, code=_text(error.get("code")), param=_text(error.get("param"))
-                ),
-                status_code=status,
-                error=redact(f"HTTP {status}: {error.get('message', '')}")[:500],
+            category = category_for_reply(
+                status, code=_text(error.get("code")), param=_text(error.get("param"))
             )
-            progress.failed += 1
+            message = redact(f"HTTP {status}: {error.get('message', '')}")[:500]
+            self._failed(job, task, progress, category, status, message)
             return
         error = result.get("error") or {}
         code = _text(error.get("code")) if isinstance(error, dict) else None
@@ -160,15 +145,29 @@ class Ingestion:
             progress.expired += 1
         else:
             # No HTTP answer at all: the endpoint's failure, as a lost call would be.
-            batches.fail_line(
-                job.intent_id,
-                task,
-                LineState.FAILED,
-                category=Category.NETWORK_TIMEOUT,
-                status_code=None,
-                error=message,
-            )
-            progress.failed += 1
+            self._failed(job, task, progress, Category.NETWORK_TIMEOUT, None, message)
+
+    def _failed(
+        self,
+        job: BatchJob,
+        task: str,
+        progress: Progress,
+        category: Category,
+        status_code: int | None,
+        error: str,
+        usage: Usage | None = None,
+    ) -> None:
+        """Settle a line as failed (with its usage when it was paid for), and count it."""
+        self.store.openai_batches.fail_line(
+            job.intent_id,
+            task,
+            LineState.FAILED,
+            category=category,
+            status_code=status_code,
+            error=error,
+            usage=usage,
+        )
+        progress.failed += 1
 
     def _asks_again(self, model: str) -> bool:
         """Whether the synchronous path would ask again after a reply cut off at the limit."""
