@@ -9,8 +9,10 @@ import io
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import openai
 import pytest
@@ -63,6 +65,26 @@ def client_for(simulator: SimulatorServer) -> openai.OpenAI:
     return openai.OpenAI(
         base_url=simulator.base_url, api_key=TEST_API_KEY, max_retries=0, timeout=10
     )
+
+
+class Creating:
+    """A resource of the simulator's client (``files`` or ``batches``) whose ``create`` is the
+    test's own; its other calls go through."""
+
+    def __init__(self, resource: Any, create: Callable[..., object]) -> None:
+        self._resource = resource
+        self.create = create
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._resource, name)
+
+
+def with_create(client: openai.OpenAI, resource: str, create: Callable[..., object]) -> Any:
+    """The simulator's client, whose ``files.create`` or ``batches.create`` (``resource``) is
+    ``create``."""
+    resources: dict[str, Any] = {"files": client.files, "batches": client.batches}
+    resources[resource] = Creating(resources[resource], create)
+    return SimpleNamespace(**resources)
 
 
 def jobs(store: Store, simulator: SimulatorServer, **kwargs: object) -> BatchJobs:
@@ -249,21 +271,13 @@ def test_a_batch_the_endpoint_refuses_abandons_its_job_and_frees_its_tasks(
     assert store.openai_batches.get(job.intent_id).status == JobStatus.PLANNED  # type: ignore[union-attr]
     simulator.set_api_keys(None)
 
-    class Refusing:
-        """The simulator's client, whose batches.create is refused with a 400."""
+    client = client_for(simulator)
 
-        def __init__(self, client: openai.OpenAI) -> None:
-            self.files = client.files
-            self.batches = self
-            self._client = client
+    def refused(**kwargs: object) -> object:
+        """batches.create, with a completion window the endpoint refuses with a 400."""
+        return client.batches.create(**{**kwargs, "completion_window": "1h"})  # type: ignore[arg-type]
 
-        def list(self, **kwargs: object) -> object:
-            return self._client.batches.list(**kwargs)  # type: ignore[arg-type]
-
-        def create(self, **kwargs: object) -> object:
-            return self._client.batches.create(**{**kwargs, "completion_window": "1h"})  # type: ignore[arg-type]
-
-    BatchJobs(store, Refusing(client_for(simulator)), PRICES).tick()
+    BatchJobs(store, with_create(client, "batches", refused), PRICES).tick()
     abandoned = store.openai_batches.get(job.intent_id)
     assert abandoned is not None and abandoned.status == JobStatus.ABANDONED
     assert abandoned.error is not None and "INPUT_QUALITY_ISSUE" in abandoned.error
@@ -406,24 +420,13 @@ def test_a_batch_that_fails_validation_counts_as_an_attempt_of_its_tasks(
     """A batch refused at validation (here: its file corrupted on the way) leaves its lines
     unanswered and its errors on the job; its tasks go again, until max_attempts."""
 
-    class Corrupting:
-        """The simulator's client, uploading each file with its first line twice."""
+    client = client_for(simulator)
 
-        def __init__(self, client: openai.OpenAI) -> None:
-            self.batches = client.batches
-            self.files = self
-            self._client = client
-
-        def list(self, **kwargs: object) -> object:
-            return self._client.files.list(**kwargs)  # type: ignore[arg-type]
-
-        def content(self, file_id: str) -> object:
-            return self._client.files.content(file_id)
-
-        def create(self, *, file: tuple[str, io.BytesIO], purpose: str) -> object:
-            data = file[1].getvalue()
-            doubled = data.splitlines(keepends=True)[0] + data
-            return self._client.files.create(file=(file[0], io.BytesIO(doubled)), purpose=purpose)
+    def corrupted(*, file: tuple[str, io.BytesIO], purpose: str) -> object:
+        """files.create, uploading each file with its first line twice."""
+        data = file[1].getvalue()
+        doubled = data.splitlines(keepends=True)[0] + data
+        return client.files.create(file=(file[0], io.BytesIO(doubled)), purpose=purpose)  # type: ignore[arg-type]
 
     ids = register(store, 2)
     for attempt in range(1, 5):
@@ -432,7 +435,7 @@ def test_a_batch_that_fails_validation_counts_as_an_attempt_of_its_tasks(
             assert planned.jobs == [] and len(planned.gave_up) == 2
             break
         (job,) = planned.jobs
-        progress = BatchJobs(store, Corrupting(client_for(simulator)), PRICES).tick()
+        progress = BatchJobs(store, with_create(client, "files", corrupted), PRICES).tick()
         failed = store.openai_batches.get(job.intent_id)
         assert failed is not None and failed.remote_status == "failed"
         assert failed.error is not None and "duplicate_custom_id" in failed.error
