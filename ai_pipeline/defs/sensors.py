@@ -176,44 +176,51 @@ def _inbox_tick(
 
 
 def build_submissions_sensor(site: Site = DEFAULT_SITE) -> dg.SensorDefinition:
-    @dg.sensor(
-        name=site.name("submissions_sensor"),
-        job_name=site.job_name,
-        minimum_interval_seconds=SUBMISSIONS_INTERVAL_SECONDS,
-        default_status=dg.DefaultSensorStatus.RUNNING,
-        description="Launches the tasks submitted over HTTP (ai-pipeline serve): new partitions "
-        "and range runs, in the order they came.",
-        **_resources(site, "settings", "results_store"),
+    return _serving_sensor(
+        site,
+        "submissions_sensor",
+        "Launches the tasks submitted over HTTP (ai-pipeline serve): new partitions and range "
+        "runs, in the order they came.",
+        ("settings", "results_store"),
+        _submissions_tick,
     )
-    def submissions_sensor(
-        context: dg.SensorEvaluationContext, **_resources: Any
-    ) -> dg.SensorResult | dg.SkipReason:
-        return _submissions_tick(
-            context,
-            site,
-            _resource(context, site, "settings"),
-            _resource(context, site, "results_store"),
-        )
-
-    return submissions_sensor
 
 
 def build_approvals_sensor(site: Site = DEFAULT_SITE) -> dg.SensorDefinition:
+    return _serving_sensor(
+        site,
+        "approvals_sensor",
+        "Re-submits, under their task ids, the items approved on the review page "
+        "(ai-pipeline serve).",
+        ("results_store",),
+        _approvals_tick,
+    )
+
+
+def _serving_sensor(
+    site: Site,
+    name: str,
+    description: str,
+    resources: Sequence[str],
+    tick: Callable[..., dg.SensorResult | dg.SkipReason],
+) -> dg.SensorDefinition:
+    """A sensor of ``site``'s job that picks up what ``ai-pipeline serve`` took in, every
+    ``SUBMISSIONS_INTERVAL_SECONDS``: ``tick(context, site, *resources)``."""
+
     @dg.sensor(
-        name=site.name("approvals_sensor"),
+        name=site.name(name),
         job_name=site.job_name,
         minimum_interval_seconds=SUBMISSIONS_INTERVAL_SECONDS,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description="Re-submits, under their task ids, the items approved on the review page "
-        "(ai-pipeline serve).",
-        **_resources(site, "results_store"),
+        description=description,
+        **_resources(site, *resources),
     )
-    def approvals_sensor(
+    def serving_sensor(
         context: dg.SensorEvaluationContext, **_resources: Any
     ) -> dg.SensorResult | dg.SkipReason:
-        return _approvals_tick(context, site, _resource(context, site, "results_store"))
+        return tick(context, site, *(_resource(context, site, r) for r in resources))
 
-    return approvals_sensor
+    return serving_sensor
 
 
 def _approvals_tick(
