@@ -33,7 +33,14 @@ from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline.store.openai_batch_rows import JobStatus, LineState, PlannedTask
 from ai_pipeline.store.tables import metadata
-from ai_pipeline_tests.support import TEST_API_KEY, TEST_MODEL, FakeTime, RecordingLog, sample_text
+from ai_pipeline_tests.support import (
+    TEST_API_KEY,
+    TEST_MODEL,
+    FakeTime,
+    RecordingLog,
+    sample_text,
+    task_of,
+)
 
 PRICES = Prices({TEST_MODEL: Price(2.0, 8.0)}, Price(1.0, 1.0))
 
@@ -235,6 +242,35 @@ def test_a_crash_at_any_phase_is_resumed_without_a_second_batch_or_a_second_inge
     assert [line.state for line in lines] == [LineState.ANSWERED] * 4
     assert store.spend.total().attempts == 4, "each line's usage recorded once"
     assert store.checkpoints.count() == 4
+
+
+def test_a_pass_killed_mid_ingestion_loses_no_run_and_no_retry(
+    store: Store, simulator: SimulatorServer
+) -> None:
+    """A pass dies in the middle of a job: one line answered, the next one's checkpoint stored
+    but the line not yet settled. The next pass reports the answered line's document again, for
+    its run, beside the lines it settles itself (the rest, and the one that failed retryably, for
+    a new job); and it pays for nothing twice."""
+    ids = register(store, 4)
+    simulator.set_faults([{"kind": "status", "status": 503, "match": task_of(ids[1])}])
+    (job,) = plan(store, ids, TEST_MODEL).jobs
+    settled: list[str] = []
+
+    def crash(at: str, _job: object) -> None:
+        if at == "checkpointed":
+            settled.append(at)
+            if len(settled) == 2:
+                raise Crash(at)
+
+    with pytest.raises(Crash):
+        drain(jobs(store, simulator, on_phase=crash))
+    lines = store.openai_batches.lines(job.intent_id)
+    assert LineState.PENDING in {line.state for line in lines}, "killed in the middle"
+
+    progress = jobs(store, simulator).tick()
+    assert sorted(progress.answered_documents) == sorted(d for d in ids if d != ids[1])
+    assert progress.unanswered_documents == {ids[1]}
+    assert store.spend.total().attempts == 3, "each answered line paid once (a 503 is not)"
 
 
 def test_an_error_in_a_step_is_recorded_and_the_step_taken_again(

@@ -75,12 +75,29 @@ class Ingestion:
                 progress.documents.add(line.document_id)
                 if line.document_id not in progress.answered_documents:
                     progress.unanswered_documents.add(line.document_id)
+        self._settled_before(job, progress)
         self.on_phase("ingested", job)
         # What no file mentions (a cancelled or failed batch) is released, unanswered; only a
         # failed batch's lines may go again (a cancel was somebody's decision).
         if job.status == JobStatus.FAILED:
             progress.unanswered_documents.update(line.document_id for line in pending.values())
         self.store.openai_batches.finish(job.intent_id, JobStatus.INGESTED)
+
+    def _settled_before(self, job: BatchJob, progress: Progress) -> None:
+        """What the lines settled by an earlier pass decided, reported again: a pass killed
+        in the middle of a job settled them, and its runs and retries were never asked for.
+        (Asking twice does no harm: the sensor's run keys name the job and the document.)"""
+        for line in self.store.openai_batches.lines(job.intent_id):
+            if line.document_id in progress.documents:
+                continue
+            if line.state == LineState.ANSWERED:
+                progress.answered_documents[line.document_id] = job.intent_id
+                progress.unanswered_documents.discard(line.document_id)
+            elif (
+                line.state in (LineState.FAILED, LineState.EXPIRED)
+                and line.document_id not in progress.answered_documents
+            ):
+                progress.unanswered_documents.add(line.document_id)
 
     def _settle(
         self,
