@@ -21,7 +21,7 @@ from ai_pipeline.store import Store
 from ai_pipeline.store.rows import ReviewStatus
 from ai_pipeline.tasks import ANALYSE_STEP, task_id
 from ai_pipeline_tests.dagster_procs import DagsterProcess
-from ai_pipeline_tests.service.client import submit, task_state
+from ai_pipeline_tests.service.client import sse_events, submit, task_state
 from ai_pipeline_tests.service.conftest import OPERATOR_KEY, auth, failed_into_review
 from ai_pipeline_tests.service.two_analyses import LOCATION
 from ai_pipeline_tests.support import sample_text
@@ -119,6 +119,15 @@ def test_a_submission_names_its_analysis_or_goes_to_the_first(
         "contract_review",
         "document_analysis",
     ]
+    # Newest first across both analyses' databases, a page at a time.
+    second = httpx.get(
+        f"{url}/api/v1/tasks",
+        params={"limit": 1, "offset": 1},
+        headers=auth("acme"),
+        timeout=30,
+    ).json()
+    assert second["total"] == 3
+    assert [t["task_id"] for t in second["tasks"]] == [plain.json()["task_id"]]
     only = httpx.get(
         f"{url}/api/v1/tasks",
         params={"analysis": "contract_review", "limit": 1, "offset": 1},
@@ -138,6 +147,13 @@ def test_a_submission_names_its_analysis_or_goes_to_the_first(
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "CANCELLED"
     assert contracts.documents.get(document_id).state == State.CANCELLED  # type: ignore[union-attr]
     assert documents.documents.get(document_id).state == State.PENDING  # type: ignore[union-attr]
+    # Its event stream is the contract review's task's: CANCELLED, and over.
+    (status, *_) = sse_events(url, "acme", contract.json()["task_id"])
+    assert status["event"] == "status"
+    assert (status["data"]["analysis"], status["data"]["status"]) == (
+        "contract_review",
+        "CANCELLED",
+    )
 
 
 def test_each_analysis_submissions_sensor_runs_its_own_submissions_only(
