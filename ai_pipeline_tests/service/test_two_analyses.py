@@ -7,6 +7,7 @@ decides the items of both."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -15,16 +16,18 @@ import pytest
 
 from ai_pipeline.analyses import CONTRACT_REVIEW, DOCUMENT_ANALYSIS
 from ai_pipeline.defs.location import load_definitions
+from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.settings import Settings
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline.store.rows import ReviewStatus
 from ai_pipeline.tasks import ANALYSE_STEP, task_id
-from ai_pipeline_tests.dagster_procs import DagsterProcess
+from ai_pipeline_tests.dagster_procs import DagsterProcess, running
 from ai_pipeline_tests.service.client import sse_events, submit, task_state
 from ai_pipeline_tests.service.conftest import OPERATOR_KEY, auth, failed_into_review
+from ai_pipeline_tests.service.test_api import wait_until
 from ai_pipeline_tests.service.two_analyses import LOCATION
-from ai_pipeline_tests.support import sample_text
+from ai_pipeline_tests.support import REPO, sample_text
 
 pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 OPERATOR = ("alice", OPERATOR_KEY)
@@ -243,3 +246,68 @@ def test_the_review_page_shows_and_decides_the_items_of_every_analysis(
     assert plain_item is not None and plain_item.status == ReviewStatus.OPEN
     after = httpx.get(decided.headers["location"], auth=OPERATOR, timeout=30)
     assert f"approved {document_id}" in after.text and f"task {contract}" in after.text
+
+
+@pytest.fixture
+def two_daemon(
+    two_analyses: dg.Definitions, tmp_path: Path, dagster_home: Path
+) -> Iterator[DagsterProcess]:
+    """A ``dagster-daemon`` over the code location of the two analyses, for the test to start
+    (after the service: stopped before it; the ``daemon`` fixture the service holds then checks
+    that nothing of the instance is left running)."""
+    workspace = tmp_path / "workspace.yaml"
+    workspace.write_text(
+        "load_from:\n"
+        "  - python_module:\n"
+        f"      module_name: {LOCATION.partition(':')[0]}\n"
+        "      attribute: defs\n"
+        f"      working_directory: {REPO}\n"
+    )
+    with dg.DagsterInstance.from_config(str(dagster_home)):
+        pass
+    process = DagsterProcess.daemon(tmp_path / "two-daemon.log", workspace=workspace)
+    with running(process):
+        yield process
+
+
+CONTRACT = (
+    "1. Harbor Supplies delivers the goods to Lisbon within 30 days of each order.\n"
+    "2. Ana Ribeiro pays each invoice within 14 days of delivery.\n"
+)
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+def test_each_analysis_runs_its_submissions_under_the_task_ids_handed_out(
+    two_analyses: dg.Definitions,
+    service: DagsterProcess,
+    two_daemon: DagsterProcess,
+    simulator: SimulatorServer,
+) -> None:
+    """Under a real daemon, a task submitted to the contract review and one to the document
+    analysis are each run by their own analysis's job, and each run works under exactly the
+    task id the service handed out: the results are each analysis's own."""
+    contract = submit(service.url, "acme", CONTRACT, "deal.txt", analysis="contract_review")
+    plain = submit(service.url, "acme", sample_text(8401))
+    two_daemon.start()
+    for answered in (contract, plain):
+        task = answered.json()["task_id"]
+        done = wait_until(two_daemon, service.url, "acme", task, ["COMPLETED"])
+        assert done["analysis"] == done["result"]["analysis"] == answered.json()["analysis"]
+
+    with dg.DagsterInstance.get() as instance:
+        for answered, prefix, job in (
+            (contract, "contract_review", "contract_review__analyse_documents_job"),
+            (plain, None, "analyse_documents_job"),
+        ):
+            store = store_of(two_analyses, prefix)
+            submitted = store.tasks.by_task_id(answered.json()["task_id"])
+            assert submitted is not None
+            doc = store.documents.get(submitted.document_id)
+            assert doc is not None and doc.state == State.COMPLETED
+            # The engine's own task id for the document is the one handed out.
+            assert doc.task_id == answered.json()["task_id"]
+            assert len(store.results.get([doc.document_id])) == 1
+            run = instance.get_run_by_id(doc.run_id) if doc.run_id else None
+            assert run is not None and run.job_name == job
+    assert simulator.requests_for(plain.json()["task_id"]) == 1
