@@ -44,13 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @contextmanager
-def _analysis(name: str | None) -> Iterator[None]:
+def _analysis(name: str | None, every: bool = False) -> Iterator[None]:
     """The analysis a command works on, as the settings it fixes, for this command only.
 
     With ``AI_PIPELINE_DEFINITIONS`` (a project's code location) the analysis is one of that
     location's — ``--analysis`` names it, else the first — and its own settings (its results
-    database, its inbox) are the command's. Otherwise ``--analysis`` overrides
-    ``AI_PIPELINE_ANALYSIS``.
+    database, its inbox) are the command's; a command that works on ``every`` analysis of the
+    location (``serve``) is only checked to name one of them: each analysis's settings are its
+    own there. Otherwise ``--analysis`` overrides ``AI_PIPELINE_ANALYSIS``.
     """
     from ai_pipeline.declaration import DeclarationError
 
@@ -65,6 +66,9 @@ def _analysis(name: str | None) -> Iterator[None]:
             from ai_pipeline.defs.site import site_named
 
             site = site_named(load_definitions(location), name)
+            if every:
+                yield
+                return
             fixed = {
                 "AI_PIPELINE_ANALYSIS": site.declaration.name,
                 "AI_PIPELINE_DATABASE_URL": site.database_url,
@@ -91,7 +95,7 @@ def _analysis(name: str | None) -> Iterator[None]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with _analysis(getattr(args, "analysis", None)):
+        with _analysis(getattr(args, "analysis", None), getattr(args, "every_analysis", False)):
             return int(args.func(args))
     except InputError as e:  # usage, configuration, a request that does not fit: one line
         print(f"ai-pipeline: error: {e}", file=sys.stderr)

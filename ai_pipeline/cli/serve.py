@@ -13,12 +13,21 @@ GRACEFUL_SHUTDOWN_SECONDS = 5
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from ai_pipeline.defs.location import OWN, load_definitions
+    from ai_pipeline.defs.site import settings_by_analysis
     from ai_pipeline.service.app import HEARTBEAT_SECONDS, create_app
     from ai_pipeline.settings import Settings
 
     overrides = {"tenants_file": args.tenants_file, "public_url": args.public_url}
     heartbeat = HEARTBEAT_SECONDS if args.heartbeat_seconds is None else args.heartbeat_seconds
-    app = create_app(Settings.load(**overrides), heartbeat_seconds=heartbeat)
+    settings = Settings.load(**overrides)
+    analyses = settings_by_analysis(load_definitions(settings.definitions or OWN))
+    # A project's location: --analysis is the default one of its analyses. The product's own
+    # holds one, the analysis --analysis (or AI_PIPELINE_ANALYSIS) names.
+    default = args.analysis if settings.definitions else None
+    app = create_app(
+        settings, heartbeat_seconds=heartbeat, analyses=analyses, default_analysis=default
+    )
     # Open event streams would hold a graceful shutdown for ever: they get a few seconds.
     uvicorn.run(
         app,
@@ -37,7 +46,9 @@ def add_commands(sub: Any) -> None:
         description="The submission service: POST /api/v1/tasks answers 202 with a task id; GET "
         "/api/v1/tasks/{id} and its /events stream follow it; the work runs as Dagster runs "
         "(launched by the submissions sensor of a running dagster-daemon or `dagster dev`). "
-        "Tenants and keys come from AI_PIPELINE_TENANTS_FILE; the OpenAPI is at /docs.",
+        "It serves every analysis of the code location (AI_PIPELINE_DEFINITIONS): a submission "
+        "names its analysis (`analysis`), else it goes to the one --analysis names, else to the "
+        "first. Tenants and keys come from AI_PIPELINE_TENANTS_FILE; the OpenAPI is at /docs.",
     )
     p.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
@@ -62,7 +73,8 @@ def add_commands(sub: Any) -> None:
         choices=["critical", "error", "warning", "info", "debug"],
         help="uvicorn's log level (default: %(default)s)",
     )
-    p.set_defaults(func=cmd_serve)
+    # It serves every analysis: --analysis only names the default one.
+    p.set_defaults(func=cmd_serve, every_analysis=True)
 
 
 def _positive_seconds(value: str) -> float:

@@ -14,13 +14,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
 from ai_pipeline import analyses
 from ai_pipeline.declaration import Declaration
 from ai_pipeline.stages import STAGES
+
+if TYPE_CHECKING:
+    from ai_pipeline.settings import Settings
 
 DEFAULT_PARTITIONS = "documents"
 # The tag every run of an analysis job carries: which analysis (and so which results database).
@@ -127,6 +130,15 @@ def site_named(definitions: dg.Definitions, name: str | None) -> Site:
     raise analyses.DeclarationError(
         f"no analysis {name!r} in this code location: it has {', '.join(sorted(found))}"
     )
+
+
+def settings_by_analysis(definitions: dg.Definitions) -> dict[str, Settings]:
+    """Each analysis of the ``Definitions``, by name in their order, with the settings its runs
+    use: what its site fixes, the rest from the environment (what the service needs of each)."""
+    from ai_pipeline.settings import Settings
+
+    found = sites_of(definitions) or {Site().declaration.name: Site()}
+    return {name: Settings.load(**site.settings_overrides) for name, site in found.items()}
 
 
 @dataclass(frozen=True)

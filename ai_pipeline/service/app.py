@@ -1,4 +1,5 @@
-"""The HTTP API of the submission service: submit, follow, list and cancel tasks, per tenant.
+"""The HTTP API of the submission service: submit, follow, list and cancel tasks, per tenant, of
+every analysis the code location holds (``served``).
 
 Every request carries ``Authorization: Bearer <key>``; the key names the tenant (``auth``: 401
 without a valid one, 403 when ``X-Tenant-Id`` names another, 429 past the tenant's per-minute
@@ -12,12 +13,17 @@ multipart file name obey the same rules. The URLs handed out start with the conf
 (``AI_PIPELINE_PUBLIC_URL``), or are paths: never the request's ``Host``. The OpenAPI document
 says every status an operation answers (``models``), the event stream's media type (``events``)
 and the bearer scheme.
+
+A submission names its analysis (a JSON ``analysis``, a multipart ``analysis`` field), or goes to
+the default one; an analysis the service does not serve is a 422 that names those it does. A
+task's URL needs no analysis: the task is found in whichever analysis's results database holds it,
+and says which (``analysis``); the list takes ``?analysis=`` and shows every analysis's without it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Annotated, Any, TypeVar
 
@@ -31,7 +37,6 @@ from starlette.routing import Match
 
 from ai_pipeline.documents import DocumentError, content_id, parse_document
 from ai_pipeline.service.auth import Caller
-from ai_pipeline.service.estimate import Estimator
 from ai_pipeline.service.events import SSE_EVENT, event_number, events
 from ai_pipeline.service.inputs import (
     JSON,
@@ -41,16 +46,25 @@ from ai_pipeline.service.inputs import (
     storable,
     upload,
 )
-from ai_pipeline.service.models import CALLER, NO_TASK, Submitted, Task, TaskPage, problem
+from ai_pipeline.service.models import (
+    CALLER,
+    NO_TASK,
+    AnalysisList,
+    Submitted,
+    Task,
+    TaskPage,
+    problem,
+)
 from ai_pipeline.service.progress import TaskStatus, TaskView, view
 from ai_pipeline.service.review_page import FORM_KEY, build_review_router
+from ai_pipeline.service.served import Served, UnknownAnalysis, load_analyses
 from ai_pipeline.service.tenants import Tenant, Tenants, load_tenants
 from ai_pipeline.service.thumbnails import Thumbnails
 from ai_pipeline.settings import Settings, SettingsError
 from ai_pipeline.states import IllegalTransition, State
-from ai_pipeline.store import Store, open_store
+from ai_pipeline.store import Store
 from ai_pipeline.store.documents import ConcurrentChange
-from ai_pipeline.tasks import ANALYSE_STEP, SUBMITTED, task_id
+from ai_pipeline.tasks import SUBMITTED
 
 T = TypeVar("T")
 API = "/api/v1"
@@ -71,8 +85,12 @@ def create_app(
     tenants: Tenants | None = None,
     *,
     heartbeat_seconds: float = HEARTBEAT_SECONDS,
+    analyses: Mapping[str, Settings] | None = None,
+    default_analysis: str | None = None,
 ) -> FastAPI:
-    """The service's app; its event streams send a heartbeat comment every
+    """The service's app, serving ``analyses`` (each analysis's settings by its name, in the
+    code location's order; None: the one the settings name); a submission that names none goes
+    to ``default_analysis`` (None: the first). Its event streams send a heartbeat comment every
     ``heartbeat_seconds`` (so that proxies keep an idle stream open). The URLs it hands out
     start with the settings' public URL, or are paths when there is none: never the request's
     ``Host``, which the client chooses."""
@@ -81,7 +99,9 @@ def create_app(
         if not config.tenants_file:
             raise SettingsError("ai-pipeline serve needs AI_PIPELINE_TENANTS_FILE (tenants, keys)")
         tenants = load_tenants(config.tenants_file)
-    store = open_store(config)
+    served = load_analyses(config, analyses, default_analysis)
+    # The default analysis's database holds what the service shares: request counts, form key.
+    store = served.default.store
     prefix = (config.public_url or "").rstrip("/")
     app = FastAPI(
         title="ai_pipeline submission service",
@@ -91,10 +111,13 @@ def create_app(
     )
     app.state.tenants = tenants
     app.state.store = store
-    estimator = Estimator(store, config.llm_concurrency, config.section_chars)
     app.include_router(
-        build_review_router(store, store.secrets.shared(FORM_KEY), prefix, Thumbnails())
+        build_review_router(served, store.secrets.shared(FORM_KEY), prefix, Thumbnails())
     )
+
+    @app.exception_handler(UnknownAnalysis)
+    async def unknown_analysis(request: Request, error: UnknownAnalysis) -> Response:
+        return JSONResponse({"detail": str(error)}, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> Response:
@@ -116,11 +139,12 @@ def create_app(
     def urls(task: str) -> tuple[str, str]:
         return f"{prefix}{API}/tasks/{task}", f"{prefix}{API}/tasks/{task}/events"
 
-    async def own_task(tenant: Tenant, task: str) -> TaskView:
-        found = await in_thread(lambda: store.tasks.get(tenant.tenant_id, task))
+    async def own_task(tenant: Tenant, task: str) -> tuple[Served, TaskView]:
+        found = await in_thread(lambda: served.find(tenant.tenant_id, task))
         if found is None:
             raise HTTPException(404, f"no task {task}")
-        return await in_thread(lambda: view(store, found))
+        analysis, row = found
+        return analysis, await in_thread(lambda: view(analysis.store, row))
 
     follow = {
         name: {"operationId": operation, "parameters": {"task_id": "$response.body#/task_id"}}
@@ -143,7 +167,10 @@ def create_app(
             **CALLER,
             413: problem("the body or the document is over the size limit"),
             415: problem("neither multipart/form-data nor application/json"),
-            422: problem("the document cannot be read, or its name or text is refused"),
+            422: problem(
+                "the document cannot be read, its name or text is refused, or the analysis it "
+                "names is not served (the answer names those that are)"
+            ),
         },
         openapi_extra={
             "requestBody": {
@@ -152,7 +179,12 @@ def create_app(
                     MULTIPART: {
                         "schema": {
                             "type": "object",
-                            "properties": {"file": {"type": "string", "format": "binary"}},
+                            "properties": {
+                                "file": {"type": "string", "format": "binary"},
+                                "analysis": TextSubmission.model_json_schema()["properties"][
+                                    "analysis"
+                                ],
+                            },
                             "required": ["file"],
                         }
                     },
@@ -162,8 +194,11 @@ def create_app(
         },
     )
     async def submit_task(request: Request, tenant: Caller) -> JSONResponse:
-        """Submit a document (a file, or JSON text): 202 and its task id at once."""
-        name, data = await upload(request, config.max_document_bytes)
+        """Submit a document (a file, or JSON text) to an analysis (by default the service's
+        default one): 202 and its task id at once."""
+        sent = await upload(request, config.max_document_bytes)
+        analysis = served.named(sent.analysis)
+        name, data = sent.name, sent.data
         try:
             doc = parse_document(data, name)
         except DocumentError as e:
@@ -176,17 +211,18 @@ def create_app(
         )
         # A PDF's text is not the original: keep its bytes for the review page's thumbnail.
         original = data if doc.kind == "pdf" else None
-        task = task_id(
-            doc.document_id, ANALYSE_STEP, config.declaration.tag(), config.analysis_model
-        )
+        task = analysis.task_id(doc.document_id)
         row, created = await in_thread(
-            lambda: store.tasks.submit(tenant.tenant_id, task, doc, name, original)
+            lambda: analysis.store.tasks.submit(tenant.tenant_id, task, doc, name, original)
         )
-        current = await in_thread(lambda: view(store, row))
-        estimate = 0 if current.final else await in_thread(lambda: estimator.seconds(doc.text))
+        current = await in_thread(lambda: view(analysis.store, row))
+        estimate = (
+            0 if current.final else await in_thread(lambda: analysis.estimator.seconds(doc.text))
+        )
         poll, sse = urls(task)
         body = Submitted(
             task_id=task,
+            analysis=analysis.name,
             status=current.status,
             poll_url=poll,
             sse_url=sse,
@@ -203,22 +239,39 @@ def create_app(
     async def get_task(task_id: TaskId, tenant: Caller) -> dict[str, Any]:
         """A task's state, progress and result (or category and error, and a reviewer's
         decision)."""
-        return (await own_task(tenant, task_id)).as_json(config.dagster_url)
+        _, current = await own_task(tenant, task_id)
+        return current.as_json(config.dagster_url)
 
     @app.get(f"{API}/tasks", operation_id="list_tasks", response_model=TaskPage, responses=CALLER)
     async def list_tasks(
         tenant: Caller,
         status: Annotated[TaskStatus | None, Query(description="only tasks in this status")] = None,
+        analysis: Annotated[
+            str | None,
+            Query(max_length=100, description="only this analysis's tasks (default: every one's)"),
+        ] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
     ) -> dict[str, Any]:
-        """The tenant's own tasks, newest first, a page at a time."""
+        """The tenant's own tasks, newest first, a page at a time: of one analysis, or of all."""
         states = status.states() if status else None
         page, total = await in_thread(
-            lambda: store.tasks.listing(tenant.tenant_id, states, limit, offset)
+            lambda: served.listing(tenant.tenant_id, states, limit, offset, analysis)
         )
-        views = await in_thread(lambda: [view(store, t).as_json(config.dagster_url) for t in page])
+        views = await in_thread(
+            lambda: [view(s.store, t).as_json(config.dagster_url) for s, t in page]
+        )
         return {"tasks": views, "total": total, "limit": limit, "offset": offset}
+
+    @app.get(
+        f"{API}/analyses",
+        operation_id="list_analyses",
+        response_model=AnalysisList,
+        responses=CALLER,
+    )
+    async def list_analyses(tenant: Caller) -> dict[str, Any]:
+        """The analyses a submission may name, and the one it goes to when it names none."""
+        return {"analyses": served.names, "default": served.default.name}
 
     @app.delete(
         f"{API}/tasks/{{task_id}}",
@@ -234,9 +287,10 @@ def create_app(
         """Cancel a task that has not ended: CANCELLED at once, or — when a run holds it — as soon
         as that run reaches its next step (``cancel_requested``); its review item, if a person
         had it, is closed; 409 for an ended one."""
-        current = await own_task(tenant, task_id)
-        await in_thread(lambda: _cancel(store, current))
-        return (await own_task(tenant, task_id)).as_json(config.dagster_url)
+        analysis, current = await own_task(tenant, task_id)
+        await in_thread(lambda: _cancel(analysis.store, current))
+        _, cancelled = await own_task(tenant, task_id)
+        return cancelled.as_json(config.dagster_url)
 
     @app.get(
         f"{API}/tasks/{{task_id}}/events",
@@ -262,13 +316,13 @@ def create_app(
         """Server-sent events: ``status`` now, ``progress`` as it grows, then one ``completed``
         or ``error``; ``Last-Event-ID`` resumes after the events already delivered (an id past
         them means nothing new yet)."""
-        current = await own_task(tenant, task_id)
+        analysis, current = await own_task(tenant, task_id)
         seen = event_number(last_event_id)
         if not current.final:
             seen = min(seen, current.progress)
 
         async def refreshed() -> TaskView:
-            return await own_task(tenant, task_id)
+            return await in_thread(lambda: view(analysis.store, current.task))
 
         return EventSourceResponse(
             events(current, seen, refreshed, request, config.dagster_url),

@@ -10,12 +10,14 @@
 - A request body is refused by its ``Content-Length`` when that says it is too large, and is read
   in the chunks the server hands over, counted as they come, never past the limit.
 - A submitted document (``upload``) is a multipart ``file`` or JSON text (``TextSubmission``); its
-  name and bytes come out, or the 4xx that says what is wrong.
+  name and bytes come out, and the analysis it names (a JSON ``analysis``, a multipart
+  ``analysis`` field), or the 4xx that says what is wrong.
 """
 
 from __future__ import annotations
 
 import unicodedata
+from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import HTTPException, Request
@@ -29,6 +31,8 @@ from ai_pipeline.documents import SUPPORTED_SUFFIXES, kind_of
 TASK_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,160}$"
 DOCUMENT_ID_PATTERN = r"^[0-9a-z_-]{1,64}$"
 MAX_NAME_CHARS = 255
+# An analysis's name: lower-case letters, digits and _ (a declaration's); longer is no name.
+MAX_ANALYSIS_CHARS = 100
 # What a body may hold besides the document: multipart boundaries and part headers, JSON keys.
 ENVELOPE_BYTES = 64 * 1024
 # JSON text may escape each character of the document (``\uXXXX`` for three UTF-8 bytes).
@@ -125,11 +129,28 @@ class TextSubmission(BaseModel):
         description="its file name, whose suffix says its format (a path is cut to its last "
         "part; no control characters)",
     )
+    analysis: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_ANALYSIS_CHARS,
+        description="the analysis to run on it, by name (GET /api/v1/analyses lists them); "
+        "default: the service's default analysis",
+    )
 
 
-async def upload(request: Request, max_bytes: int) -> tuple[str, bytes]:
-    """The submitted document's name and bytes, or the 4xx that says what is wrong; the body is
-    read only as far as its limit."""
+@dataclass(frozen=True)
+class Upload:
+    """A submitted document as the request carried it."""
+
+    name: str
+    data: bytes
+    # The analysis the submission names; None: the service's default.
+    analysis: str | None
+
+
+async def upload(request: Request, max_bytes: int) -> Upload:
+    """The submitted document's name and bytes and the analysis it names, or the 4xx that says
+    what is wrong; the body is read only as far as its limit."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind not in (MULTIPART, JSON):
         raise HTTPException(
@@ -143,6 +164,7 @@ async def upload(request: Request, max_bytes: int) -> tuple[str, bytes]:
                 raise HTTPException(422, "the multipart body needs a `file` part")
             name = document_name(upload.filename or "upload.txt")
             data = await upload.read(max_bytes + 1)
+            analysis = _analysis_field(form.get("analysis"))
     else:
         try:
             submission = TextSubmission.model_validate_json(body)
@@ -150,6 +172,20 @@ async def upload(request: Request, max_bytes: int) -> tuple[str, bytes]:
             raise HTTPException(422, f"the JSON body needs `text` (and may name it): {e}") from e
         name = document_name(submission.name)
         data = storable(submission.text, "the text").encode("utf-8")
+        analysis = submission.analysis
     if len(data) > max_bytes:
         raise HTTPException(413, f"{name}: over the size limit of {max_bytes} bytes")
-    return name, data
+    if analysis is not None:
+        storable(analysis, "the analysis")
+    return Upload(name, data, analysis)
+
+
+def _analysis_field(value: UploadFile | str | None) -> str | None:
+    """A multipart ``analysis`` field: text of at most ``MAX_ANALYSIS_CHARS`` characters."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_ANALYSIS_CHARS:
+        raise HTTPException(
+            422, f"the `analysis` field is an analysis's name (1 to {MAX_ANALYSIS_CHARS} chars)"
+        )
+    return value

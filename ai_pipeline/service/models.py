@@ -13,6 +13,7 @@ from ai_pipeline.service.progress import TaskStatus
 
 class Submitted(BaseModel):
     task_id: str
+    analysis: str = Field(description="the analysis the task is for (named, or the default)")
     status: TaskStatus = Field(description="QUEUED for a new task: accepted, waiting for a run")
     poll_url: str = Field(description="the task's URL (from the service's public URL, else a path)")
     sse_url: str = Field(description="its event stream's URL")
@@ -34,6 +35,7 @@ class ReviewOutcome(BaseModel):
 
 class Task(BaseModel):
     task_id: str
+    analysis: str = Field(description="the analysis the task is for")
     name: str
     status: TaskStatus
     cancel_requested: bool
@@ -56,6 +58,11 @@ class TaskPage(BaseModel):
     total: int
     limit: int
     offset: int
+
+
+class AnalysisList(BaseModel):
+    analyses: list[str] = Field(description="the analyses a submission may name (`analysis`)")
+    default: str = Field(description="the one a submission that names none goes to")
 
 
 class Problem(BaseModel):

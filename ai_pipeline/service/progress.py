@@ -72,6 +72,8 @@ class Rejection:
 
 @dataclass(frozen=True)
 class TaskView:
+    # The analysis the task is for (its results database's).
+    analysis: str
     task: TenantTask
     doc: DocumentRow
     progress: int
@@ -94,6 +96,7 @@ class TaskView:
         failed = doc.state in (State.FAILED, State.DEAD_LETTER)
         return {
             "task_id": self.task.task_id,
+            "analysis": self.analysis,
             "name": self.task.name,
             "status": self.status.value,
             "cancel_requested": doc.cancel_requested and doc.state == State.RUNNING,
@@ -166,7 +169,15 @@ def view(store: Store, task: TenantTask) -> TaskView:
         else int(doc.state == State.COMPLETED)
     )
     return TaskView(
-        task, doc, progress, step, result, completed_at, sections_done, rejection(store, doc)
+        store.analysis.name,
+        task,
+        doc,
+        progress,
+        step,
+        result,
+        completed_at,
+        sections_done,
+        rejection(store, doc),
     )
 
 

@@ -1,21 +1,26 @@
 """The review queue as a page people click, behind an operator key.
 
-``GET /review`` lists the open items — a thumbnail of the original (a PDF's first page rendered
-with pypdfium2; the first lines of a text or HTML file), the category, the error, when it was
-submitted — with a category filter. **Approve** (with the accept-output / retry choice for a
-model-layer failure) and **Reject** (with a reason) do exactly what ``ai-pipeline review approve``
-and ``reject`` do (``ai_pipeline.review``); an approved item is then re-submitted under its task id
-by the ``approvals_sensor``, as a Dagster run, never in the web process.
+``GET /review`` lists the open items of every analysis the service serves, each naming its
+analysis — a thumbnail of the original (a PDF's first page rendered with pypdfium2; the first
+lines of a text or HTML file), the category, the error, when it was submitted — with a category
+filter. **Approve** (with the accept-output / retry choice for a model-layer failure) and
+**Reject** (with a reason) do exactly what ``ai-pipeline review approve`` and ``reject`` do
+(``ai_pipeline.review``); an approved item is then re-submitted under its task id by the
+``approvals_sensor``, as a Dagster run, never in the web process. An item's routes name its
+analysis with ``?analysis=`` (none: the service's default analysis, so that the default's URLs
+are those of a service with one analysis): a decision is taken in that analysis's results
+database, where that analysis's own approvals sensor picks it up.
 
 A browser signs in with HTTP Basic (any user name, an operator key as the password); an API client
-may send ``Authorization: Bearer <operator key>``. Every form carries a token bound to its item and
-signed with the deployment's form key (kept in the results database, so every ``serve`` process on
-it, and each one after a restart, accepts the forms any of them drew, until they expire): a page
-elsewhere cannot make an operator's browser decide an item. Deciding an item already decided the
-same way answers as the first decision did, whichever process receives it. After a decision the
-browser is sent back to the queue with the item's id and the outcome in the URL, never with text
-the page would show; links, actions and redirects come from the configured public URL, never from
-the request's ``Host``.
+may send ``Authorization: Bearer <operator key>``. Every form carries a token bound to its item
+(and the item's analysis) and signed with the deployment's form key (kept in the default
+analysis's results database, so every ``serve`` process on it, and each one after a restart,
+accepts the forms any of them drew, until they expire): a page elsewhere cannot make an
+operator's browser decide an item. Deciding an item already decided the same way answers as the
+first decision did, whichever process receives it. After a decision the browser is sent back to
+the queue with the item's id, its analysis and the outcome in the URL, never with text the page
+would show; links, actions and redirects come from the configured public URL, never from the
+request's ``Host``.
 
 Thumbnails are ``ai_pipeline.service.thumbnails``'s: a fixed pixel budget, off the event loop,
 cached.
@@ -35,7 +40,7 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 import jinja2
-from fastapi import APIRouter, Depends, Header, HTTPException, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi import Path as InPath
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
@@ -43,7 +48,8 @@ from ai_pipeline.documents import content_id
 from ai_pipeline.errors import InputError
 from ai_pipeline.failures import Category
 from ai_pipeline.review import MODEL_LAYER, WEB_REVIEWER, approve, open_items, reject
-from ai_pipeline.service.inputs import DOCUMENT_ID_PATTERN, unstorable
+from ai_pipeline.service.inputs import DOCUMENT_ID_PATTERN, MAX_ANALYSIS_CHARS, unstorable
+from ai_pipeline.service.served import Analyses, Served
 from ai_pipeline.service.tenants import Tenants
 from ai_pipeline.service.thumbnails import Thumbnails, placeholder
 from ai_pipeline.store import Store
@@ -61,6 +67,8 @@ _templates = jinja2.Environment(
     autoescape=True,
 )
 DocumentId = Annotated[str, InPath(pattern=DOCUMENT_ID_PATTERN)]
+# The analysis an item belongs to; none: the service's default.
+AnalysisName = Annotated[str | None, Query(max_length=MAX_ANALYSIS_CHARS)]
 
 
 def operator(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
@@ -89,31 +97,36 @@ def operator(request: Request, authorization: Annotated[str | None, Header()] = 
 Operator = Annotated[str, Depends(operator)]
 
 
-def form_token(secret: bytes, document_id: str, now: float) -> str:
-    """A form's token: good for this item until ``FORM_SECONDS`` from ``now``, in any process
-    that shares ``secret``."""
+def form_token(secret: bytes, analysis: str, document_id: str, now: float) -> str:
+    """A form's token: good for this item of this analysis until ``FORM_SECONDS`` from ``now``,
+    in any process that shares ``secret``."""
     expires = int(now) + FORM_SECONDS
-    return f"{expires}.{_mac(secret, document_id, expires)}"
+    return f"{expires}.{_mac(secret, analysis, document_id, expires)}"
 
 
-def token_valid(secret: bytes, document_id: str, token: str, now: float) -> bool:
+def token_valid(secret: bytes, analysis: str, document_id: str, token: str, now: float) -> bool:
     expires, _, mac = token.partition(".")
     if not (expires.isascii() and expires.isdigit()) or int(expires) < now:
         return False
-    return hmac.compare_digest(mac, _mac(secret, document_id, int(expires)))
+    return hmac.compare_digest(mac, _mac(secret, analysis, document_id, int(expires)))
 
 
-def _mac(secret: bytes, document_id: str, expires: int) -> str:
-    message = f"{document_id}\0{expires}".encode()
+def _mac(secret: bytes, analysis: str, document_id: str, expires: int) -> str:
+    message = f"{analysis}\0{document_id}\0{expires}".encode()
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
 def build_review_router(
-    store: Store, secret: bytes, prefix: str, thumbnails: Thumbnails
+    served: Analyses, secret: bytes, prefix: str, thumbnails: Thumbnails
 ) -> APIRouter:
-    """The page's routes; its links, form actions and redirects start with ``prefix`` (the
-    service's public URL, or empty for paths relative to the host the browser asked)."""
+    """The page's routes, over every analysis served; its links, form actions and redirects start
+    with ``prefix`` (the service's public URL, or empty for paths relative to the host the
+    browser asked)."""
     router = APIRouter(include_in_schema=False)
+
+    def query(analysis: Served) -> str:
+        """What an item's URLs add to name its analysis: nothing for the default one."""
+        return "" if analysis is served.default else "?" + urlencode({"analysis": analysis.name})
 
     def page(
         category: str | None,
@@ -122,12 +135,16 @@ def build_review_router(
         status_code: int = 200,
     ) -> HTMLResponse:
         wanted = _category(category)
-        items = open_items(store, [wanted] if wanted else None)
         now = time.time()
+        rows = [
+            _row(analysis, query(analysis), item, secret, now)
+            for analysis in served
+            for item in open_items(analysis.store, [wanted] if wanted else None)
+        ]
         html = _templates.get_template("review.html").render(
             base=prefix,
-            analysis=store.analysis.name,
-            items=[_row(store, item, secret, now) for item in items],
+            analyses=served.names,
+            items=rows,
             categories=sorted({c.value for c in Category if c.needs_person}),
             selected=wanted.value if wanted else "",
             notice=notice,
@@ -135,10 +152,11 @@ def build_review_router(
         )
         return HTMLResponse(html, status_code=status_code)
 
-    def done(outcome: str, document_id: str) -> RedirectResponse:
-        """Back to the queue, saying what was decided: the URL names the item and the outcome,
-        the page reads what to say about it from the store."""
-        query = urlencode({"done": outcome, "item": document_id})
+    def done(outcome: str, analysis: Served, document_id: str) -> RedirectResponse:
+        """Back to the queue, saying what was decided: the URL names the item (and its
+        analysis) and the outcome, the page reads what to say about it from the store."""
+        named = {} if analysis is served.default else {"analysis": analysis.name}
+        query = urlencode({"done": outcome, "item": document_id, **named})
         return RedirectResponse(f"{prefix}/review?{query}", status_code=303)
 
     @router.get("/review", response_class=HTMLResponse)
@@ -147,41 +165,50 @@ def build_review_router(
         category: str | None = None,
         done: str | None = None,
         item: str | None = None,
+        analysis: AnalysisName = None,
     ) -> HTMLResponse:
-        notice = await asyncio.to_thread(_notice, store, done, item)
+        of = served.named(analysis)
+        notice = await asyncio.to_thread(lambda: _notice(of.store, done, item))
         return await asyncio.to_thread(page, category, notice)
 
-    async def decided_form(request: Request, document_id: str) -> dict[str, Any]:
+    async def decided_form(request: Request, analysis: Served, document_id: str) -> dict[str, Any]:
         form = dict(await request.form(max_files=0, max_fields=10))
         token = str(form.get("token", ""))
-        if not token_valid(secret, document_id, token, time.time()):
+        if not token_valid(secret, analysis.name, document_id, token, time.time()):
             raise HTTPException(403, "this form is not from the review page: reload it")
         return form
 
-    async def already(document_id: str, *outcomes: ReviewStatus) -> bool:
-        item = await asyncio.to_thread(store.reviews.get, document_id)
+    async def already(analysis: Served, document_id: str, *outcomes: ReviewStatus) -> bool:
+        item = await asyncio.to_thread(lambda: analysis.store.reviews.get(document_id))
         return item is not None and item.status in outcomes
 
     @router.post("/review/{document_id}/approve")
-    async def approve_item(request: Request, document_id: DocumentId, who: Operator) -> Response:
-        form = await decided_form(request, document_id)
+    async def approve_item(
+        request: Request, document_id: DocumentId, who: Operator, analysis: AnalysisName = None
+    ) -> Response:
+        of = served.named(analysis)
+        form = await decided_form(request, of, document_id)
         choice = str(form.get("decision") or "")
         decision = {"accept_output": Decision.ACCEPT_OUTPUT, "retry": Decision.RETRY}.get(choice)
+        by = f"{WEB_REVIEWER}{who}"
         try:
             await asyncio.to_thread(
-                lambda: approve(store, document_id, decision=decision, by=f"{WEB_REVIEWER}{who}")
+                lambda: approve(of.store, document_id, decision=decision, by=by)
             )
         except (InputError, KeyError) as e:
             # The same decision sent twice (a second click, a retry through another process)
             # is the decision already taken.
-            if await already(document_id, ReviewStatus.APPROVED, ReviewStatus.RESOLVED):
-                return done("approved", document_id)
+            if await already(of, document_id, ReviewStatus.APPROVED, ReviewStatus.RESOLVED):
+                return done("approved", of, document_id)
             return await asyncio.to_thread(page, None, None, _problem(e), 400)
-        return done("approved", document_id)
+        return done("approved", of, document_id)
 
     @router.post("/review/{document_id}/reject")
-    async def reject_item(request: Request, document_id: DocumentId, who: Operator) -> Response:
-        form = await decided_form(request, document_id)
+    async def reject_item(
+        request: Request, document_id: DocumentId, who: Operator, analysis: AnalysisName = None
+    ) -> Response:
+        of = served.named(analysis)
+        form = await decided_form(request, of, document_id)
         reason = str(form.get("reason") or "").strip()
         problem = None
         if not reason:
@@ -192,18 +219,20 @@ def build_review_router(
             problem = f"the reason {unstorable(reason)}"
         if problem:
             return await asyncio.to_thread(page, None, None, problem, 400)
+        by = f"{WEB_REVIEWER}{who}"
         try:
-            await asyncio.to_thread(
-                lambda: reject(store, document_id, reason=reason, by=f"{WEB_REVIEWER}{who}")
-            )
+            await asyncio.to_thread(lambda: reject(of.store, document_id, reason=reason, by=by))
         except (InputError, KeyError) as e:
-            if await already(document_id, ReviewStatus.REJECTED):
-                return done("rejected", document_id)
+            if await already(of, document_id, ReviewStatus.REJECTED):
+                return done("rejected", of, document_id)
             return await asyncio.to_thread(page, None, None, _problem(e), 400)
-        return done("rejected", document_id)
+        return done("rejected", of, document_id)
 
     @router.get("/review/{document_id}/thumbnail.png")
-    async def thumbnail(document_id: DocumentId, who: Operator) -> Response:
+    async def thumbnail(
+        document_id: DocumentId, who: Operator, analysis: AnalysisName = None
+    ) -> Response:
+        store = await asyncio.to_thread(lambda: served.named(analysis).store)
         item = await asyncio.to_thread(store.reviews.get, document_id)
         png = None
         if item is not None:
@@ -249,9 +278,14 @@ def _category(value: str | None) -> Category | None:
         return None
 
 
-def _row(store: Store, item: ReviewItem, secret: bytes, now: float) -> dict[str, Any]:
+def _row(
+    analysis: Served, query: str, item: ReviewItem, secret: bytes, now: float
+) -> dict[str, Any]:
     snapshot = item.snapshot
     return {
+        "analysis": analysis.name,
+        # What the item's URLs end with: its analysis, unless it is the default one.
+        "query": query,
         "document_id": item.document_id,
         "task_id": item.task_id,
         "source": snapshot.source,
@@ -260,10 +294,10 @@ def _row(store: Store, item: ReviewItem, secret: bytes, now: float) -> dict[str,
         "category": item.category.value,
         "error": item.error,
         "submitted": item.created_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        "thumbnail": _has_original(store, item),
+        "thumbnail": _has_original(analysis.store, item),
         "first_lines": "\n".join(snapshot.first_characters.splitlines()[:FIRST_LINES]),
         "model_layer": item.category in MODEL_LAYER,
-        "token": form_token(secret, item.document_id, now),
+        "token": form_token(secret, analysis.name, item.document_id, now),
         "open": item.status == ReviewStatus.OPEN,
     }
 

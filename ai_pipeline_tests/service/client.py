@@ -14,11 +14,19 @@ STREAM_SECONDS = 120
 
 
 def submit(
-    url: str, tenant: str, text: str, name: str = "doc.txt", **headers: str
+    url: str,
+    tenant: str,
+    text: str,
+    name: str = "doc.txt",
+    *,
+    analysis: str | None = None,
+    **headers: str,
 ) -> httpx.Response:
+    """Submit ``text`` as the tenant's document, to ``analysis`` (None: the service's default)."""
+    named = {"analysis": analysis} if analysis is not None else {}
     return httpx.post(
         f"{url}/api/v1/tasks",
-        json={"text": text, "name": name},
+        json={"text": text, "name": name, **named},
         headers=auth(tenant) | headers,
         timeout=30,
     )

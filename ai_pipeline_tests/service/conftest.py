@@ -6,12 +6,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline_tests.dagster_procs import DagsterProcess, free_port, running, wait_for
+
+if TYPE_CHECKING:
+    from ai_pipeline.store import Store
 
 TENANTS = {
     "acme": ["acme-key-1", "acme-key-2"],
@@ -112,15 +116,21 @@ def submit_text(url: str, tenant: str, text: str, name: str = "doc.txt") -> str:
     return str(response.json()["task_id"])
 
 
-def failed_into_review(tenant: str, task: str, error: str = "the endpoint refused it (400)") -> str:
+def failed_into_review(
+    tenant: str,
+    task: str,
+    error: str = "the endpoint refused it (400)",
+    store: Store | None = None,
+) -> str:
     """What a run does to a submitted task whose input the endpoint refuses, without the run:
-    its document FAILED (INPUT_QUALITY_ISSUE) and in front of a person. Its document id."""
+    its document FAILED (INPUT_QUALITY_ISSUE) and in front of a person, in ``store`` (default:
+    the results database the environment points at). Its document id."""
     from ai_pipeline.failures import Category
     from ai_pipeline.review import send_to_review
     from ai_pipeline.states import State
     from ai_pipeline_tests.support import results_store
 
-    store = results_store()
+    store = store or results_store()
     submitted = store.tasks.get(tenant, task)
     assert submitted is not None
     document_id = submitted.document_id

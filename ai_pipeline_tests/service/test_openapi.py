@@ -44,6 +44,7 @@ def test_the_document_states_statuses_media_types_and_the_bearer_scheme(
         ("GET", "/api/v1/tasks/{task_id}"),
         ("DELETE", "/api/v1/tasks/{task_id}"),
         ("GET", "/api/v1/tasks/{task_id}/events"),
+        ("GET", "/api/v1/analyses"),
     }
     for (method, path), operation in operations.items():
         assert operation["security"] == [{"tenant_key": []}], (method, path)
@@ -57,6 +58,11 @@ def test_the_document_states_statuses_media_types_and_the_bearer_scheme(
     assert "409" in operations[("DELETE", "/api/v1/tasks/{task_id}")]["responses"]
     stream = operations[("GET", "/api/v1/tasks/{task_id}/events")]["responses"]["200"]
     assert list(stream["content"]) == ["text/event-stream"]
+    # A submission may name its analysis, as a JSON field or a multipart field alike.
+    body = operations[("POST", "/api/v1/tasks")]["requestBody"]["content"]
+    assert "analysis" in body["multipart/form-data"]["schema"]["properties"]
+    task = document["components"]["schemas"]["Task"]
+    assert "analysis" in task["properties"] and "analysis" in task["required"]
 
 
 @pytest.mark.slow
@@ -101,7 +107,7 @@ def test_schemathesis_with_every_check_and_the_stateful_phase_finds_nothing(
     )
     report = out.stdout[-6000:] + out.stderr[-2000:]
     assert out.returncode == 0, report
-    assert "Selected: 5/5" in out.stdout, report
+    assert "Selected: 6/6" in out.stdout, report
     for phase in ("Coverage", "Fuzzing", "Stateful"):
         assert f"✅ {phase}" in out.stdout, (phase, report)
     assert "failure" not in out.stdout.split("SUMMARY", 1)[-1].lower(), report
