@@ -31,6 +31,7 @@ from ai_pipeline.defs.dagster_private import (
     report_planned_materialization,
 )
 from ai_pipeline.defs.io_managers import ResultsIOManager
+from ai_pipeline.defs.jobs import DOCUMENTS_PER_BACKFILL_RUN
 from ai_pipeline.defs.logs import run_log
 from ai_pipeline.defs.openai_batches import VIA_TAG, batch_jobs
 from ai_pipeline.defs.partitions import NAMED_DOCUMENTS, named_by
@@ -51,10 +52,6 @@ from ai_pipeline.store import Store
 ANALYSIS_KEYS = DEFAULT_SITE.keys
 DOCUMENT_TEXT, LLM_ANALYSIS, VALIDATED_ANALYSIS, ANALYSIS_RESULTS, COMPLETION_NOTICE = ANALYSIS_KEYS
 GROUP = DEFAULT_SITE.group
-# A backfill's documents per run when Dagster plans it (a UI backfill), unless
-# AI_PIPELINE_BACKFILL_RUN_SIZE says otherwise when the code location loads
-# (``with_backfill_run_size``).
-DOCUMENTS_PER_BACKFILL_RUN = 100
 
 _DESCRIPTIONS = {
     Stage.DOCUMENT_TEXT: "The document's normalised text, read from the file it arrived as.",

@@ -39,7 +39,6 @@ from typing import Any
 
 import dagster as dg
 
-from ai_pipeline.defs.assets import DOCUMENTS_PER_BACKFILL_RUN
 from ai_pipeline.defs.dagster_private import (
     BULK_ACTION_TERMINAL_STATUSES,
     BulkActionsFilter,
@@ -48,7 +47,7 @@ from ai_pipeline.defs.dagster_private import (
     make_new_backfill_id,
     make_new_run_id,
 )
-from ai_pipeline.defs.jobs import range_tags
+from ai_pipeline.defs.jobs import DOCUMENTS_PER_BACKFILL_RUN, range_tags
 from ai_pipeline.defs.partitions import naming_config
 from ai_pipeline.defs.site import ANALYSIS_TAG, DEFAULT_SITE, Site
 from ai_pipeline.failures import Category

@@ -13,13 +13,9 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from ai_pipeline.defs.assets import (
-    DOCUMENTS_PER_BACKFILL_RUN,
-    build_analysis_assets,
-    build_failure_report,
-)
+from ai_pipeline.defs.assets import build_analysis_assets, build_failure_report
 from ai_pipeline.defs.io_managers import ResultsIOManager
-from ai_pipeline.defs.jobs import build_jobs
+from ai_pipeline.defs.jobs import DOCUMENTS_PER_BACKFILL_RUN, build_jobs
 from ai_pipeline.defs.openai_batches import build_openai_batch_sensor
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.defs.schedules import build_nightly_retry_schedule

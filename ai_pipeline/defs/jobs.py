@@ -14,6 +14,11 @@ import dagster as dg
 from ai_pipeline.defs.site import ANALYSIS_TAG, DEFAULT_SITE, Site
 from ai_pipeline.intake import batch_key
 
+# A backfill's documents per run when Dagster plans it (a UI backfill), unless
+# AI_PIPELINE_BACKFILL_RUN_SIZE says otherwise when the code location loads
+# (``with_backfill_run_size``).
+DOCUMENTS_PER_BACKFILL_RUN = 100
+
 ANALYSIS_JOB_NAME = DEFAULT_SITE.job_name
 REPORT_JOB_NAME = DEFAULT_SITE.report_job_name
 RANGE_START_TAG = "dagster/asset_partition_range_start"
