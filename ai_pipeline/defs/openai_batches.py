@@ -4,9 +4,12 @@ Each tick does bounded work (``BatchJobs.tick``: at most ``max_jobs`` jobs, olde
 uploads and creates what was planned, polls what is open, and ingests what ended — each answered
 line becomes its task's checkpoint (``ai_pipeline.openai_batch``). Then:
 
-- documents with an answered line get an ordinary run of the analysis job; it finds the
-  checkpoint, makes no call, and validates, stores and notifies as always, so Dagster's
-  per-document truth is what it is for the synchronous path;
+- the documents a job answered get one backfill of the analysis assets, its runs planned over
+  them at the run size (a run per document would make a 1,000-line job a thousand runs); each
+  run finds the checkpoints, makes no call, and validates, stores and notifies as always, so
+  Dagster's per-document truth is what it is for the synchronous path. The backfill is created
+  while the job is ingested, before the job is recorded as ingested, and its id comes from the
+  job's: a tick killed anywhere launches it exactly once;
 - documents whose line failed retryably or expired go into a new job (``plan``, bounded by its
   attempts); those ``plan`` gave up on get an ordinary run too, which classifies them as a call
   would (a document cannot wait for a batch forever).
@@ -24,6 +27,7 @@ from typing import Any
 
 import dagster as dg
 
+from ai_pipeline.defs.backfills import BACKFILL_TAG, backfill_id_for, launch_backfill
 from ai_pipeline.defs.jobs import range_run_request
 from ai_pipeline.defs.partitions import missing_partitions
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
@@ -34,7 +38,9 @@ from ai_pipeline.openai_batch.operations import batch_client
 from ai_pipeline.openai_batch.planning import plan
 from ai_pipeline.settings import Settings
 from ai_pipeline.spend import Prices
+from ai_pipeline.states import State
 from ai_pipeline.store import Store
+from ai_pipeline.store.openai_batch_rows import BatchJob, LineState
 from ai_pipeline.tasks import document_of
 
 # A run (or a backfill launched from the UI) tagged ``ai_pipeline/via: batch`` sends its
@@ -43,6 +49,8 @@ VIA_TAG = "ai_pipeline/via"
 DEFAULT_INTERVAL_SECONDS = 120
 DEFAULT_MAX_JOBS = 20
 RUN_KEY_PREFIX = "openai-batch"
+# On the backfill of what a job answered: the job's intent id.
+JOB_TAG = "ai_pipeline/openai_batch_job"
 
 
 def build_openai_batch_sensor(
@@ -101,16 +109,25 @@ def openai_batch_tick(
         return dg.SkipReason("no open Batch API job")
     pipeline = settings.resolve()
     jobs, config = batch_jobs(store, llm)
+    backfills: dict[str, str] = {}
+
+    def at_phase(phase: str, job: BatchJob) -> None:
+        if phase == "ingested":
+            backfill = _backfill_answered(context, site, store, job)
+            if backfill is not None:
+                backfills[job.intent_id] = backfill
+
+    jobs.on_phase = at_phase
     progress = jobs.tick(max_jobs=max_jobs)
     for job in progress.finished:
         context.log.info(
             f"Batch API job {job.intent_id} (batch {job.batch_id}) ended {job.status.value}: "
             f"{job.request_completed} of {job.request_total} lines answered"
         )
-    # A run per document and answer: the daemon drops a second request for the same one.
-    launch = {
-        d: f"{RUN_KEY_PREFIX}:{intent}:{d}" for d, intent in progress.answered_documents.items()
-    }
+    for intent, backfill in backfills.items():
+        context.log.info(f"backfill {backfill} runs what Batch API job {intent} answered")
+    # Documents given up on: a run each, which the daemon does not launch twice.
+    launch: dict[str, str] = {}
     retry = sorted(progress.unanswered_documents - set(progress.answered_documents))
     if retry:
         again = plan(
@@ -131,7 +148,8 @@ def openai_batch_tick(
             launch.setdefault(document_of(task), f"{RUN_KEY_PREFIX}-gave-up:{task}")
     if not launch:
         return dg.SkipReason(
-            f"{len(progress.advanced)} Batch API jobs followed; no document to run yet"
+            f"{len(progress.advanced)} Batch API jobs followed; "
+            + (f"{len(backfills)} backfills launched" if backfills else "no document to run yet")
         )
     return _runs_for(context, site, store, launch, pipeline.documents_per_run)
 
@@ -154,6 +172,37 @@ def batch_jobs(store: Store, llm: LLMResource) -> tuple[BatchJobs, Settings]:
     return jobs, config
 
 
+def _backfill_answered(
+    context: dg.SensorEvaluationContext, site: Site, store: Store, job: BatchJob
+) -> str | None:
+    """One backfill of the documents ``job`` answered that are not completed yet (None when there
+    are none), its id the job's: made again for the same job, it is the same backfill."""
+    answered = [line.document_id for line in store.openai_batches.lines(job.intent_id)
+                if line.state == LineState.ANSWERED]  # fmt: skip
+    document_ids = [
+        row.document_id for row in store.documents.rows(answered) if row.state != State.COMPLETED
+    ]
+    if not document_ids:
+        return None
+    repository = context.repository_def
+    if repository is None:  # the daemon always gives one; a test's context must too
+        raise RuntimeError("the Batch API sensor needs its code location (repository_def)")
+    new_ids = missing_partitions(context.instance, document_ids, site.partitions)
+    if new_ids:
+        context.instance.add_dynamic_partitions(site.partitions, new_ids)
+    backfill_id = launch_backfill(
+        context.instance,
+        repository.asset_graph,
+        document_ids,
+        title=f"Batch API job {job.intent_id}",
+        tags={BACKFILL_TAG: "openai-batch", JOB_TAG: job.intent_id},
+        backfill_id=backfill_id_for(site.name(f"{RUN_KEY_PREFIX}-{job.intent_id}")),
+        site=site,
+    )
+    store.documents.queue(document_ids)
+    return backfill_id
+
+
 def _runs_for(
     context: dg.SensorEvaluationContext,
     site: Site,
@@ -164,6 +213,9 @@ def _runs_for(
     """Runs of the analysis job for these documents (document → run key): ranges over the ones
     that are new partitions (added now, so contiguous), one run each for the others."""
     document_ids = sorted(run_keys)
+    repository = context.repository_def
+    if repository is None:  # the daemon always gives one; a test's context must too
+        raise RuntimeError("the Batch API sensor needs its code location (repository_def)")
     new_ids = missing_partitions(context.instance, document_ids, site.partitions)
     known = [d for d in document_ids if d not in set(new_ids)]
     store.documents.queue(document_ids)

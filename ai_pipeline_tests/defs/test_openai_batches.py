@@ -15,10 +15,11 @@ import dagster as dg
 import pytest
 
 from ai_pipeline.defs.jobs import range_tags
-from ai_pipeline.defs.openai_batches import VIA_TAG, build_openai_batch_sensor
+from ai_pipeline.defs.openai_batches import JOB_TAG, VIA_TAG, build_openai_batch_sensor
 from ai_pipeline.defs.relaunch import BATCH_API, submit_batch
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.defs.schedules import build_nightly_retry_schedule
+from ai_pipeline.defs.site import DEFAULT_SITE
 from ai_pipeline.intake import register_files
 from ai_pipeline.openai_batch.jobs import BatchJobs
 from ai_pipeline.openai_batch.operations import batch_client
@@ -44,6 +45,8 @@ from ai_pipeline_tests.support import (
 
 
 def tick(instance: dg.DagsterInstance) -> dg.SensorResult | dg.SkipReason:
+    from ai_pipeline.definitions import defs
+
     context = dg.build_sensor_context(
         instance=instance,
         resources={
@@ -51,16 +54,26 @@ def tick(instance: dg.DagsterInstance) -> dg.SensorResult | dg.SkipReason:
             "results_store": ResultsStore(),
             "llm": LLMResource(api_key=TEST_API_KEY),
         },
+        repository_def=defs.get_repository_def(),
     )
     return build_openai_batch_sensor()(context)
+
+
+def backfilled(instance: dg.DagsterInstance, since: int = 0) -> list[list[str]]:
+    """The documents of each backfill launched for a Batch API job, oldest first, from the
+    ``since``-th on."""
+    jobs = [b for b in instance.get_backfills() if JOB_TAG in b.tags]
+    jobs.sort(key=lambda b: b.backfill_timestamp)
+    return [sorted(b.asset_backfill_data.target_subset.partitions_subsets_by_asset_key[
+        DEFAULT_SITE.key("llm_analysis")].get_partition_keys()) for b in jobs[since:]]  # fmt: skip
 
 
 def test_the_sensor_follows_jobs_and_launches_runs_for_what_they_answered(
     instance: dg.DagsterInstance, simulator: SimulatorServer, tmp_path: Path
 ) -> None:
     """One tick sends, polls and ingests a job, adds the answered documents as partitions with
-    a range run, and puts the line that failed retryably into a new job; the next tick answers
-    it and launches its run; then nothing is left to do."""
+    one backfill over them, and puts the line that failed retryably into a new job; the next
+    tick answers it and launches its backfill; then nothing is left to do."""
     inbox = make_inbox(tmp_path / "inbox", {f"doc-{i}.txt": sample_text(i) for i in range(4)})
     store = results_store()
     ids = [r.document_id for r in register_files(store, sorted(inbox.iterdir()), max_bytes=10**6)]
@@ -69,24 +82,17 @@ def test_the_sensor_follows_jobs_and_launches_runs_for_what_they_answered(
     (job,) = plan(store, ids, TEST_MODEL).jobs
     assert {line.task_id for line in store.openai_batches.lines(job.intent_id)} >= {limited}
 
-    first = tick(instance)
-    assert isinstance(first, dg.SensorResult)
-    (added,) = first.dynamic_partitions_requests or []
-    assert isinstance(added, dg.AddDynamicPartitionsRequest)
-    assert sorted(added.partition_keys or []) == sorted(ids[1:])
-    (run,) = first.run_requests or []
-    assert run.tags["ai_pipeline/documents"] == "3"
+    assert isinstance(tick(instance), dg.SkipReason)  # no run: a backfill
+    assert backfilled(instance) == [sorted(ids[1:])]
+    assert set(ids[1:]) <= set(instance.get_dynamic_partitions(DEFAULT_SITE.partitions))
     (retry,) = store.openai_batches.unfinished()
     assert [line.task_id for line in store.openai_batches.lines(retry.intent_id)] == [limited]
 
-    second = tick(instance)
-    assert isinstance(second, dg.SensorResult)
-    assert [
-        r.partition_key or r.tags.get("dagster/asset_partition_range_start")
-        for r in second.run_requests or []
-    ] == [ids[0]]
+    assert isinstance(tick(instance), dg.SkipReason)
+    assert backfilled(instance, since=1) == [[ids[0]]]
     assert store.openai_batches.lines(retry.intent_id)[0].state == LineState.ANSWERED
     assert isinstance(tick(instance), dg.SkipReason)
+    assert len(backfilled(instance)) == 2, "nothing launched twice"
     assert simulator.calls_to("batches.create") == 2 and simulator.stats()["total"] == 0
 
 
@@ -177,11 +183,11 @@ def test_status_and_trace_say_which_batch_api_job_a_document_waits_in(
 
 
 def run_what_the_sensor_asks(instance: dg.DagsterInstance, ids: list[str]) -> None:
-    """One tick of the sensor must ask for a run of each of ``ids``; those runs are then made
+    """One tick of the sensor must launch one backfill of ``ids``; their runs are then made
     here, in this process (as the daemon would)."""
-    result = tick(instance)
-    assert isinstance(result, dg.SensorResult)
-    assert sorted(r.partition_key for r in result.run_requests or []) == sorted(ids)
+    before = len(backfilled(instance))
+    tick(instance)
+    assert backfilled(instance, since=before) == [sorted(ids)]
     launcher(instance).execute(ids)
 
 
