@@ -5,11 +5,14 @@ call's reply is, at the batch price, and every phase resumable after a crash."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -271,6 +274,36 @@ def test_a_pass_killed_mid_ingestion_loses_no_run_and_no_retry(
     assert sorted(progress.answered_documents) == sorted(d for d in ids if d != ids[1])
     assert progress.unanswered_documents == {ids[1]}
     assert store.spend.total().attempts == 3, "each answered line paid once (a 503 is not)"
+
+
+def test_two_followers_at_once_make_one_batch(store: Store, simulator: SimulatorServer) -> None:
+    """Two processes follow the same job at the same moment (the daemon's sensor ticks while
+    ``submit --via batch`` sends it): each ``batches.create`` waits for the other's (up to 2 s),
+    so both would look for an earlier batch, find none, and create one each. One holds the job;
+    the other leaves it: one batch."""
+    ids = register(store, 3)
+    (job,) = plan(store, ids, TEST_MODEL).jobs
+    jobs(store, simulator).advance(job)  # uploaded, as the sender left it
+    together = threading.Barrier(2, timeout=2)
+
+    def create(**kwargs: object) -> object:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            together.wait()
+        return client_for(simulator).batches.create(**kwargs)  # type: ignore[arg-type]
+
+    followers = [
+        BatchJobs(store, with_create(client_for(simulator), "batches", create), PRICES)
+        for _ in range(2)
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        progress = list(pool.map(lambda f: f.tick(), followers))
+
+    assert simulator.calls_to("batches.create") == 1
+    assert sorted(len(p.held_elsewhere) for p in progress) == [0, 1]
+    drain(jobs(store, simulator))
+    assert [line.state for line in store.openai_batches.lines(job.intent_id)] == [
+        LineState.ANSWERED
+    ] * 3
 
 
 def test_an_error_in_a_step_is_recorded_and_the_step_taken_again(

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ai_pipeline.claims import owner_id
 from ai_pipeline.declaration import DEFAULT_SECTION_CHARS
 from ai_pipeline.failures import Category, ClassifiedError
 from ai_pipeline.llm_errors import classify, describe
@@ -22,6 +23,7 @@ from ai_pipeline.openai_batch.request_files import (
     requests_for,
 )
 from ai_pipeline.openai_batch.results import Ingestion, PhaseHook, Progress
+from ai_pipeline.processes import current, gone
 from ai_pipeline.redaction import redact
 from ai_pipeline.spend import Prices
 from ai_pipeline.store import Store
@@ -37,6 +39,12 @@ INTENT_KEY = "ai_pipeline_intent"
 # this machine and the endpoint's differ a little).
 CLOCK_SLACK_SECONDS = 300
 _REMOTE = {s.value: s for s in JobStatus}
+# How long a job's lease lasts: longer than the longest step (an upload of 200 MB).
+LEASE_SECONDS = 900.0
+
+
+def _lease_key(job: BatchJob) -> str:
+    return f"openai-batch-job:{job.intent_id}"
 
 
 class BatchJobs:
@@ -57,6 +65,8 @@ class BatchJobs:
         self.client = client
         self.prices = prices
         self.on_phase = on_phase or (lambda phase, job: None)
+        self.owner = owner_id(None)
+        self.process = current()
         self.section_chars = section_chars
         self.clock = clock
 
@@ -83,9 +93,13 @@ class BatchJobs:
 
     def tick(self, *, max_jobs: int = 20) -> Progress:
         """Advance each unfinished job (oldest first, at most ``max_jobs``) by as many phases
-        as it can go now: bounded work for one sensor tick."""
+        as it can go now: bounded work for one sensor tick. A job another process is advancing
+        (the sensor's tick while ``submit --via batch`` sends it) is left to it."""
         progress = Progress()
         for job in self.store.openai_batches.unfinished()[:max_jobs]:
+            if not self._hold(job):
+                progress.held_elsewhere.append(job.intent_id)
+                continue
             current: BatchJob | None = job
             try:
                 while current is not None and not current.status.finished:
@@ -95,10 +109,27 @@ class BatchJobs:
                         break
             except Exception as e:  # one job's failure must not hold up the others
                 current = self._failed_step(current or job, e, progress)
+            finally:
+                self.store.leases.release(_lease_key(job), self.owner)
             progress.advanced.append(job.intent_id)
             if current is not None and current.status.finished:
                 progress.finished.append(current)
         return progress
+
+    def _hold(self, job: BatchJob) -> bool:
+        """Take the job's lease: one process advances a job at a time, so that two never both
+        upload its file or both create its batch (each would search for the other's first, but
+        both can search before either has made it). A lease whose process is known dead is
+        taken over at once; one held elsewhere expires after ``LEASE_SECONDS``."""
+        leases, key = self.store.leases, _lease_key(job)
+        if leases.claim(key, job.intent_id, self.owner, LEASE_SECONDS, self.process):
+            return True
+        holder = leases.holder(key)
+        return (
+            holder is not None
+            and gone(holder.process)
+            and leases.take_over(key, self.owner, holder.owner, LEASE_SECONDS, self.process)
+        )
 
     def _failed_step(self, job: BatchJob, error: Exception, progress: Progress) -> BatchJob | None:
         """Record why a step failed. A job not yet sent that the endpoint refused for good (a

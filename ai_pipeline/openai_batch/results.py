@@ -33,6 +33,7 @@ class Progress:
     """What one ``tick`` did."""
 
     advanced: list[str] = field(default_factory=list)  # intent ids
+    held_elsewhere: list[str] = field(default_factory=list)  # another process advances them
     answered: int = 0
     failed: int = 0
     expired: int = 0
