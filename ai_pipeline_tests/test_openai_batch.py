@@ -276,11 +276,14 @@ def test_a_pass_killed_mid_ingestion_loses_no_run_and_no_retry(
     assert store.spend.total().attempts == 3, "each answered line paid once (a 503 is not)"
 
 
-def test_two_followers_at_once_make_one_batch(store: Store, simulator: SimulatorServer) -> None:
+@pytest.mark.parametrize("first", ["tick", "send"])
+def test_two_followers_at_once_make_one_batch(
+    store: Store, simulator: SimulatorServer, first: str
+) -> None:
     """Two processes follow the same job at the same moment (the daemon's sensor ticks while
-    ``submit --via batch`` sends it): each ``batches.create`` waits for the other's (up to 2 s),
-    so both would look for an earlier batch, find none, and create one each. One holds the job;
-    the other leaves it: one batch."""
+    another tick, or ``submit --via batch``, sends it): each ``batches.create`` waits for the
+    other's (up to 2 s), so both would look for an earlier batch, find none, and create one each.
+    One holds the job; the other leaves it: one batch."""
     ids = register(store, 3)
     (job,) = plan(store, ids, TEST_MODEL).jobs
     jobs(store, simulator).advance(job)  # uploaded, as the sender left it
@@ -296,10 +299,15 @@ def test_two_followers_at_once_make_one_batch(store: Store, simulator: Simulator
         for _ in range(2)
     ]
     with ThreadPoolExecutor(2) as pool:
-        progress = list(pool.map(lambda f: f.tick(), followers))
+        uploaded = store.openai_batches.get(job.intent_id)
+        assert uploaded is not None and uploaded.status == JobStatus.UPLOADED
+        one = followers[0]
+        runs = [pool.submit(lambda: one.send(uploaded) if first == "send" else one.tick())]
+        runs.append(pool.submit(followers[1].tick))
+        for run in runs:
+            run.result()
 
     assert simulator.calls_to("batches.create") == 1
-    assert sorted(len(p.held_elsewhere) for p in progress) == [0, 1]
     drain(jobs(store, simulator))
     assert [line.state for line in store.openai_batches.lines(job.intent_id)] == [
         LineState.ANSWERED

@@ -116,6 +116,22 @@ class BatchJobs:
                 progress.finished.append(current)
         return progress
 
+    def send(self, job: BatchJob) -> BatchJob:
+        """Upload and create a planned job now, under its lease (a job another process holds is
+        left to it; a failure leaves it for the next tick)."""
+        if not self._hold(job):
+            return job
+        current: BatchJob | None = job
+        try:
+            while current is not None and current.status in (
+                JobStatus.PLANNED,
+                JobStatus.UPLOADED,
+            ):
+                current = self.advance(current)
+        finally:
+            self.store.leases.release(_lease_key(job), self.owner)
+        return current or job
+
     def _hold(self, job: BatchJob) -> bool:
         """Take the job's lease: one process advances a job at a time, so that two never both
         upload its file or both create its batch (each would search for the other's first, but

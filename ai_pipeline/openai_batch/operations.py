@@ -17,7 +17,7 @@ from ai_pipeline.settings import Settings
 from ai_pipeline.spend import Budget, Prices
 from ai_pipeline.states import State
 from ai_pipeline.store import Store, open_store
-from ai_pipeline.store.openai_batch_rows import BatchJob, JobStatus
+from ai_pipeline.store.openai_batch_rows import BatchJob
 from ai_pipeline.tasks import document_of
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -84,7 +84,7 @@ def submit(
         budget_keys=keys,
         prices=jobs.prices,
     )
-    sent = [_send(jobs, job) for job in planned.jobs]
+    sent = [jobs.send(job) for job in planned.jobs]
     left = {document_of(t) for t in [*planned.done, *planned.gave_up]}
     left.update(d for d, why in planned.not_batchable.items() if why != NO_SUCH_DOCUMENT)
     return {
@@ -106,14 +106,6 @@ def submit(
         "over_budget": len(planned.over_budget),
         "budget": planned.budget_message,
     }
-
-
-def _send(jobs: BatchJobs, job: BatchJob) -> BatchJob:
-    """Upload and create a planned job now (a failure leaves it for the next ``follow``)."""
-    current: BatchJob | None = job
-    while current is not None and current.status in (JobStatus.PLANNED, JobStatus.UPLOADED):
-        current = jobs.advance(current)
-    return current or job
 
 
 def follow(jobs: BatchJobs, *, max_jobs: int = 20) -> dict[str, Any]:
