@@ -213,9 +213,6 @@ def _runs_for(
     """Runs of the analysis job for these documents (document → run key): ranges over the ones
     that are new partitions (added now, so contiguous), one run each for the others."""
     document_ids = sorted(run_keys)
-    repository = context.repository_def
-    if repository is None:  # the daemon always gives one; a test's context must too
-        raise RuntimeError("the Batch API sensor needs its code location (repository_def)")
     new_ids = missing_partitions(context.instance, document_ids, site.partitions)
     known = [d for d in document_ids if d not in set(new_ids)]
     store.documents.queue(document_ids)
