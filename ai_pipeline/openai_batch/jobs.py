@@ -100,7 +100,8 @@ class BatchJobs:
             if not self._hold(job):
                 progress.held_elsewhere.append(job.intent_id)
                 continue
-            current: BatchJob | None = job
+            # As it is now: the process that held it before may have taken it further.
+            current: BatchJob | None = self.store.openai_batches.get(job.intent_id)
             try:
                 while current is not None and not current.status.finished:
                     before = current.status
@@ -121,7 +122,7 @@ class BatchJobs:
         left to it; a failure leaves it for the next tick)."""
         if not self._hold(job):
             return job
-        current: BatchJob | None = job
+        current: BatchJob | None = self.store.openai_batches.get(job.intent_id)
         try:
             while current is not None and current.status in (
                 JobStatus.PLANNED,
