@@ -14,6 +14,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from ai_pipeline.defs.dagster_private import repository_of
 from ai_pipeline.defs.jobs import range_tags
 from ai_pipeline.defs.openai_batches import JOB_TAG, VIA_TAG, build_openai_batch_sensor
 from ai_pipeline.defs.relaunch import BATCH_API, submit_batch
@@ -54,7 +55,7 @@ def tick(instance: dg.DagsterInstance) -> dg.SensorResult | dg.SkipReason:
             "results_store": ResultsStore(),
             "llm": LLMResource(api_key=TEST_API_KEY),
         },
-        repository_def=defs.get_repository_def(),
+        repository_def=repository_of(defs, instance),
     )
     return build_openai_batch_sensor()(context)
 

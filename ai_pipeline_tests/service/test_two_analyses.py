@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from ai_pipeline.analyses import CONTRACT_REVIEW, DOCUMENT_ANALYSIS
+from ai_pipeline.defs.dagster_private import repository_of
 from ai_pipeline.defs.location import load_definitions
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.settings import Settings
@@ -172,8 +173,10 @@ def test_each_analysis_submissions_sensor_runs_its_own_submissions_only(
     plain_doc = store_of(two_analyses, None).tasks.by_task_id(plain.json()["task_id"])
     assert contract_doc is not None and plain_doc is not None
 
-    repository = two_analyses.get_repository_def()
     with dg.DagsterInstance.get() as instance:
+        # Built against this instance: a context variable may still name an instance another
+        # test of this worker closed.
+        repository = repository_of(two_analyses, instance)
         for sensor, job, document in (
             (
                 "contract_review__submissions_sensor",
