@@ -41,7 +41,7 @@ from ai_pipeline.defs.backfills import (
     wait_for_backfill,
 )
 from ai_pipeline.defs.checks import CHECK_SPECS
-from ai_pipeline.defs.dagster_private import BulkActionStatus
+from ai_pipeline.defs.dagster_private import BulkActionStatus, repository_of
 from ai_pipeline.defs.partitions import add_partitions, documents_partitions, named_in
 from ai_pipeline.defs.resources import ResultsStore
 from ai_pipeline.defs.run_ends import run_documents
@@ -506,9 +506,9 @@ def evaluate_nightly(instance: dg.DagsterInstance, night: datetime) -> Any:
         instance=instance,
         scheduled_execution_time=night,
         resources={"results_store": ResultsStore()},
-        repository_def=defs.get_repository_def(),
+        repository_def=repository_of(defs, instance),
     )
-    return defs.get_repository_def().get_schedule_def("nightly_retry_schedule")(context)
+    return repository_of(defs, instance).get_schedule_def("nightly_retry_schedule")(context)
 
 
 def seed_night(
@@ -783,7 +783,7 @@ def test_a_launched_backfill_takes_its_run_size_from_max_concurrent_runs(
     assert queue is not None and queue.max_concurrent_runs == 4
     ids = [f"{i:016x}" for i in range(40)]
     add_partitions(instance, ids)
-    graph = defs.get_repository_def().asset_graph
+    graph = repository_of(defs, instance).asset_graph
 
     def planned(name: str) -> list[int]:
         backfill = instance.get_backfill(launch_backfill(instance, graph, ids, title=name))
@@ -817,7 +817,9 @@ def test_wait_returns_when_the_last_document_settles_not_when_its_run_closes(
 
     inbox = make_inbox(tmp_path / "inbox", {f"d{i}.txt": sample_text(i) for i in range(3)})
     ids = launcher(instance).register_inbox(inbox).document_ids
-    backfill_id = launch_backfill(instance, defs.get_repository_def().asset_graph, ids, title="t")
+    backfill_id = launch_backfill(
+        instance, repository_of(defs, instance).asset_graph, ids, title="t"
+    )
     run = dg.DagsterRun(
         job_name="analysis_job",
         run_id=str(uuid.uuid4()),

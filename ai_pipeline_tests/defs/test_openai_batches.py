@@ -317,7 +317,7 @@ def test_the_nightly_schedule_via_batch_sends_the_retries_to_the_batch_api(
             instance=instance,
             scheduled_execution_time=datetime(2026, 3, 14, 2, 0, tzinfo=timezone.utc),
             resources={"results_store": ResultsStore(), "llm": LLMResource(api_key=TEST_API_KEY)},
-            repository_def=defs.get_repository_def(),
+            repository_def=repository_of(defs, instance),
         )
         return schedule(context)  # type: ignore[no-any-return]
 

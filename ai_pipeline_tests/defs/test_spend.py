@@ -10,6 +10,7 @@ import dagster as dg
 import pytest
 
 from ai_pipeline.defs.assets import LLM_ANALYSIS
+from ai_pipeline.defs.dagster_private import repository_of
 from ai_pipeline.endpoints import family_of
 from ai_pipeline.failures import Category
 from ai_pipeline.intake import BATCH_TAG, batch_key
@@ -113,9 +114,9 @@ def test_budget_held_documents_wait_for_a_launch_with_budget(
         instance=instance,
         scheduled_execution_time=datetime(2026, 3, 14, 2, 0, tzinfo=timezone.utc),
         resources={"results_store": ResultsStore()},
-        repository_def=defs.get_repository_def(),
+        repository_def=repository_of(defs, instance),
     )
-    tick = defs.get_repository_def().get_schedule_def("nightly_retry_schedule")(context)
+    tick = repository_of(defs, instance).get_schedule_def("nightly_retry_schedule")(context)
     assert isinstance(tick, dg.RunRequest), tick  # nothing to retry: straight to the report
     code, out = run_cli(capsys, "backfill", "--failed", "--json")
     assert (code, out["selected"], out["backfill_id"]) == (0, [], None)
