@@ -24,7 +24,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ai_pipeline_tests.dagster_procs import live_members
+from ai_pipeline_tests.dagster_procs import free_port, live_members
+from ai_pipeline_tests.postgres import PG_HOST, PG_PORT
 
 # 10.251.<k>.0/24, k from this process id: tests of two pytest workers get different subnets.
 SUBNET_PREFIX = "10.251"
@@ -188,6 +189,25 @@ class Network:
             ["socat", f"TCP-LISTEN:{port},bind={self.address},fork,reuseaddr", f"TCP:{target}"],
             os.environ,
         )
+
+    def broker_and_postgres(self) -> tuple[int, int]:
+        """What every host of a scale-out reaches on the bridge: a Redis started here as the
+        Celery broker and backend, and the local PostgreSQL forwarded; their ports, once both
+        answer."""
+        redis_port, pg_port = free_port(), free_port()
+        self.start(
+            "redis",
+            [
+                "redis-server",
+                *("--bind", self.address, "--port", str(redis_port), "--protected-mode", "no"),
+                *("--save", "", "--appendonly", "no"),
+            ],
+            os.environ,
+        )
+        self.forward(pg_port, f"{PG_HOST}:{PG_PORT}")
+        wait_for_port(self.address, redis_port)
+        wait_for_port(self.address, pg_port)
+        return redis_port, pg_port
 
     def remove(self) -> None:
         for host in self.hosts:

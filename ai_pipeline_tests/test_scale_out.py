@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from ai_pipeline_tests.dagster_procs import DagsterProcess, free_port, running
-from ai_pipeline_tests.hosts import Network, Process, unavailable_reason, wait_for_port
-from ai_pipeline_tests.postgres import PG_HOST, PG_PORT, PG_USER, PostgresDatabases, skip_or_fail
+from ai_pipeline_tests.dagster_procs import DagsterProcess, running
+from ai_pipeline_tests.hosts import Network, Process, unavailable_reason
+from ai_pipeline_tests.postgres import PG_USER, PostgresDatabases, skip_or_fail
 from ai_pipeline_tests.support import (
     REPO,
     TEST_API_KEY,
@@ -80,19 +80,7 @@ def deployment(
         skip_or_fail(reason)
     with Network(2, tmp_path) as network:
         address = network.address
-        redis_port, pg_port = free_port(), free_port()
-        network.start(
-            "redis",
-            [
-                "redis-server",
-                *("--bind", address, "--port", str(redis_port), "--protected-mode", "no"),
-                *("--save", "", "--appendonly", "no"),
-            ],
-            os.environ,
-        )
-        network.forward(pg_port, f"{PG_HOST}:{PG_PORT}")
-        wait_for_port(address, redis_port)
-        wait_for_port(address, pg_port)
+        redis_port, pg_port = network.broker_and_postgres()
         instance_db = postgres_databases.create("dagster")
         results_db = postgres_databases.create("results")
         config = SimulatorConfig(latency_ms=latency_ms, max_concurrency=64)

@@ -32,9 +32,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ai_pipeline_tests.dagster_procs import DagsterProcess, free_port, running  # noqa: E402
-from ai_pipeline_tests.hosts import Host, Network, wait_for_port  # noqa: E402
-from ai_pipeline_tests.postgres import PG_HOST, PG_PORT, PG_USER, PostgresDatabases  # noqa: E402
+from ai_pipeline_tests.dagster_procs import DagsterProcess, running  # noqa: E402
+from ai_pipeline_tests.hosts import Host, Network  # noqa: E402
+from ai_pipeline_tests.postgres import PG_USER, PostgresDatabases  # noqa: E402
 
 DEPLOY = REPO / "deploy" / "scale-out"
 API_KEY = "sim-bench-key"
@@ -79,19 +79,7 @@ def one_pass(n_hosts: int, args: argparse.Namespace, root: Path) -> dict[str, An
     try:
         with Network(n_hosts, folder) as network:
             address = network.address
-            redis_port, pg_port = free_port(), free_port()
-            network.start(
-                "redis",
-                [
-                    "redis-server",
-                    *("--bind", address, "--port", str(redis_port), "--protected-mode", "no"),
-                    *("--save", "", "--appendonly", "no"),
-                ],
-                os.environ,
-            )
-            network.forward(pg_port, f"{PG_HOST}:{PG_PORT}")
-            wait_for_port(address, redis_port)
-            wait_for_port(address, pg_port)
+            redis_port, pg_port = network.broker_and_postgres()
             runs = n_hosts * args.worker_runs
             config = SimulatorConfig(latency_ms=args.latency_ms, max_concurrency=4 * runs * 8)
             with SimulatorServer(config, host=address) as simulator:
