@@ -49,11 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from throughput import (  # noqa: E402
     REPO,
-    document_text,
-    git_commit,
+    document_id,
     instance_yaml,
-    machine_info,
     make_inbox,
+    report_header,
 )
 
 API_KEY = "sim-bench-key"
@@ -190,20 +189,13 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder, for logs")
     args = parser.parse_args()
 
-    from ai_pipeline.documents import content_id, normalise_text
     from ai_pipeline.rehearsal.faults import SimulatorConfig
     from ai_pipeline.rehearsal.simulator import SimulatorServer
     from ai_pipeline.store import Store
 
     root = Path(tempfile.mkdtemp(prefix="aip-batch-api-"))
-    report: dict[str, Any] = {
-        "command": " ".join(sys.argv),
-        "commit": git_commit() or "unknown",
-        "machine": machine_info(),
-    }
-    ids = [
-        content_id(normalise_text(document_text(i)).encode("utf-8")) for i in range(args.documents)
-    ]
+    report: dict[str, Any] = report_header()
+    ids = [document_id(i) for i in range(args.documents)]
     faulted = {name: [d for i, d in enumerate(ids) if hit(i)] for name, hit, _ in FAULTS}
     rules = [
         {**rule, "match": d} for name, _, rule in FAULTS for d in faulted[name]

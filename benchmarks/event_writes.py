@@ -6,11 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from typing import Any
 
-from throughput import git_commit, machine_info
+from throughput import report_header
 
 
 def parse_args(doc: str) -> argparse.Namespace:
@@ -24,11 +23,7 @@ def parse_args(doc: str) -> argparse.Namespace:
 
 
 def new_report() -> dict[str, Any]:
-    return {
-        "command": " ".join(sys.argv),
-        "commit": git_commit() or "unknown",
-        "machine": machine_info(),
-    }
+    return report_header()
 
 
 def alternate_rounds(

@@ -46,10 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import (  # noqa: E402
     REPO,
     dagster_daemon,
-    git_commit,
     instance_yaml,
-    machine_info,
     make_inbox,
+    report_header,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -381,9 +380,7 @@ def main() -> int:
 
     limit = args.concurrency / (args.latency_ms / 1000)
     report: dict[str, Any] = {
-        "command": " ".join(sys.argv),
-        "commit": git_commit() or "unknown",
-        "machine": machine_info(),
+        **report_header(),
         "llm_bound_docs_per_second": limit,
         "instance_storage": "sqlite"
         if args.backend == "sqlite"

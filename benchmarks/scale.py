@@ -44,10 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import (  # noqa: E402
     REPO,
     dagster_daemon,
-    git_commit,
     instance_yaml,
-    machine_info,
     make_inbox,
+    report_header,
 )
 
 CLI = [sys.executable, "-m", "ai_pipeline.cli"]
@@ -262,11 +261,7 @@ def main() -> int:
     parser.add_argument("--skip-ui", action="store_true", help="no page timings in a browser")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    report: dict[str, Any] = {
-        "command": " ".join(sys.argv),
-        "commit": git_commit() or "unknown",
-        "machine": machine_info(),
-    }
+    report: dict[str, Any] = report_header()
     root = Path(tempfile.mkdtemp(prefix="aip-scale-"))
     try:
         if not args.skip_commands:

@@ -39,11 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import (  # noqa: E402
     REPO,
     dagster_daemon,
-    document_text,
-    git_commit,
+    document_id,
     instance_yaml,
-    machine_info,
     make_inbox,
+    report_header,
 )
 
 API_KEY = "sim-bench-key"
@@ -140,15 +139,12 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    from ai_pipeline.documents import content_id, normalise_text
     from ai_pipeline.rehearsal.faults import SimulatorConfig
     from ai_pipeline.rehearsal.simulator import SimulatorServer
 
     root = Path(tempfile.mkdtemp(prefix="aip-scattered-"))
     report: dict[str, Any] = {
-        "command": " ".join(sys.argv),
-        "commit": git_commit() or "unknown",
-        "machine": machine_info(),
+        **report_header(),
         "llm_bound_docs_per_second": args.concurrency / (args.latency_ms / 1000),
     }
     try:
@@ -156,10 +152,7 @@ def main() -> int:
         home.mkdir()
         (home / "dagster.yaml").write_text(instance_yaml(args.runs), encoding="utf-8")
         inbox = make_inbox(root / "inbox", range(args.documents))
-        failing = [
-            content_id(normalise_text(document_text(i)).encode("utf-8"))
-            for i in range(0, args.documents, args.fail_every)
-        ]
+        failing = [document_id(i) for i in range(0, args.documents, args.fail_every)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("AI_PIPELINE_")}
         config = SimulatorConfig(latency_ms=args.latency_ms, max_concurrency=2 * args.concurrency)
         with SimulatorServer(config) as simulator:

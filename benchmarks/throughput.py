@@ -136,6 +136,13 @@ def document_text(i: int) -> str:
     return " ".join(s.format(**fields) for s in sentences) + "\n"
 
 
+def document_id(i: int) -> str:
+    """The document id ``make_inbox`` gives the ``i``-th document (its normalised content's)."""
+    from ai_pipeline.documents import content_id, normalise_text
+
+    return content_id(normalise_text(document_text(i)).encode("utf-8"))
+
+
 def make_inbox(folder: Path, indexes: range) -> Path:
     folder.mkdir(parents=True)
     for i in indexes:
@@ -144,6 +151,15 @@ def make_inbox(folder: Path, indexes: range) -> Path:
 
 
 # --- environment ---------------------------------------------------------------------------------
+
+
+def report_header() -> dict[str, Any]:
+    """What every benchmark report starts with: its command line, the commit and the machine."""
+    return {
+        "command": " ".join(sys.argv),
+        "commit": git_commit() or "unknown",
+        "machine": machine_info(),
+    }
 
 
 def git_commit() -> str | None:
