@@ -52,7 +52,16 @@ CHECKED_ASSET = DEFAULT_SITE.checked_key
 def _target(
     instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition: str
 ) -> AssetCheckEvaluationTargetMaterializationData | None:
-    """The materialization a check evaluation of one partition is about (the UI needs it)."""
+    """The materialization a check evaluation of one partition is about (the UI needs it): the
+    one this process just stored when the storage remembers it (``defs.event_log``), else the
+    latest in the event log."""
+    remembered = getattr(instance.event_log_storage, "latest_materialization", None)
+    latest = remembered(asset_key, partition) if remembered is not None else None
+    if latest is not None:
+        storage_id, run_id, timestamp = latest
+        return AssetCheckEvaluationTargetMaterializationData(
+            storage_id=storage_id, run_id=run_id, timestamp=timestamp
+        )
     records = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[partition]), limit=1
     ).records

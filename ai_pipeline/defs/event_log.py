@@ -23,10 +23,17 @@ rows for those alone: the others of its range keep the check status they had.
 It also remembers that the asset-check table exists: Dagster asks the database (a table
 inspection on a connection of its own) before it stores each check evaluation, four times per
 document, and a table that exists stays; a missing one is asked about again.
+
+:class:`WritesRemembered` keeps two more answers a run worker would otherwise ask the database for
+on every event (py-spy of a run worker, ``benchmarks/README.md``): the asset-key table's columns
+(Dagster inspects the table for each materialization it stores), and the latest materialization
+this process stored per asset and partition, which the document's check evaluations name as their
+target right after it (``defs.checks``) instead of reading it back.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 from ai_pipeline.defs.dagster_private import (
@@ -92,3 +99,49 @@ class CheckRowsPerDocument:
                 AssetCheckExecutionsTable.insert(),
                 [{**row, "partition": key, "evaluation_event": planned_for(key)} for key in keys],
             )
+
+
+# Partitions whose latest materialization a process keeps in memory: a document's checks are
+# evaluated right after its materialization, so the last few hundred are plenty.
+REMEMBERED_MATERIALIZATIONS = 4096
+
+
+class WritesRemembered:
+    """Mixin for a ``SqlEventLogStorage``: a column of the asset-key table, once seen, is not
+    inspected again (columns are added by migrations, never dropped while a process runs), and the
+    latest materialization stored by this process per asset and partition is kept
+    (``latest_materialization``)."""
+
+    def _has_asset_key_col_on_connection(self, conn: Any, column_name: str) -> bool:
+        seen: set[str] = self.__dict__.setdefault("_asset_key_columns_seen", set())
+        if column_name in seen:
+            return True
+        found = bool(super()._has_asset_key_col_on_connection(conn, column_name))  # type: ignore[misc]
+        if found:
+            seen.add(column_name)
+        return found
+
+    def _store_asset_event(self, conn: Any, event: Any, event_id: int) -> None:
+        super()._store_asset_event(conn, event, event_id)  # type: ignore[misc]
+        dagster_event = event.dagster_event
+        if dagster_event is None or not dagster_event.is_step_materialization:
+            return
+        partition = dagster_event.partition
+        if partition is None:
+            return
+        latest: OrderedDict[tuple[str, str], tuple[int, str, float]] = self.__dict__.setdefault(
+            "_latest_materializations", OrderedDict()
+        )
+        key = (dagster_event.asset_key.to_string(), partition)
+        latest[key] = (event_id, event.run_id, event.timestamp)
+        latest.move_to_end(key)
+        while len(latest) > REMEMBERED_MATERIALIZATIONS:
+            latest.popitem(last=False)
+
+    def latest_materialization(
+        self, asset_key: Any, partition: str
+    ) -> tuple[int, str, float] | None:
+        """(storage id, run id, timestamp) of the latest materialization of ``asset_key`` for
+        ``partition`` that this process stored, or None."""
+        latest = self.__dict__.get("_latest_materializations")
+        return latest.get((asset_key.to_string(), partition)) if latest else None

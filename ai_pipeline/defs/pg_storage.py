@@ -33,7 +33,7 @@ from dagster_postgres.utils import (
 )
 
 from ai_pipeline.defs.dagster_private import ConfigurableClassData, pg_config
-from ai_pipeline.defs.event_log import CheckRowsPerDocument
+from ai_pipeline.defs.event_log import CheckRowsPerDocument, WritesRemembered
 from ai_pipeline.store.database import ping_when_idle
 
 DEFAULT_POOL_SIZE = 1
@@ -41,7 +41,9 @@ DEFAULT_MAX_OVERFLOW = 8
 DEFAULT_POOL_RECYCLE_SECONDS = 3600
 
 
-class PooledPostgresEventLogStorage(CheckRowsPerDocument, PostgresEventLogStorage):
+class PooledPostgresEventLogStorage(
+    CheckRowsPerDocument, WritesRemembered, PostgresEventLogStorage
+):
     """dagster-postgres's event log, a run's planned checks written in time proportional to its
     documents (``ai_pipeline.defs.event_log``)."""
 

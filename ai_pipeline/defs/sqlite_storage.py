@@ -49,7 +49,7 @@ from ai_pipeline.defs.dagster_private import (
     SqliteEventLogStorage,
     SqliteEventLogStorageWatchdog,
 )
-from ai_pipeline.defs.event_log import CheckRowsPerDocument
+from ai_pipeline.defs.event_log import CheckRowsPerDocument, WritesRemembered
 
 ENGINES = 32
 
@@ -65,7 +65,9 @@ class _WatchdogOnWal(SqliteEventLogStorageWatchdog):
         self._process_log()
 
 
-class EngineReusingSqliteEventLogStorage(CheckRowsPerDocument, SqliteEventLogStorage):
+class EngineReusingSqliteEventLogStorage(
+    CheckRowsPerDocument, WritesRemembered, SqliteEventLogStorage
+):
     """``SqliteEventLogStorage`` with one engine and open connection per shard instead of an
     engine per connection (and a run's planned checks written in time proportional to its
     documents, ``defs.event_log``)."""

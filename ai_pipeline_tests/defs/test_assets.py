@@ -63,6 +63,21 @@ def test_range_run_fails_exactly_the_failing_document(
         # failed" from the run's status): the document got no answer to check.
         bad: "PLANNED"
     }
+    # Each evaluation targets its document's materialization (the UI links the two): the one
+    # the run remembered storing, which is the one the event log holds.
+    for record in history:
+        if record.partition in good:
+            (stored,) = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=LLM_ANALYSIS, asset_partitions=[record.partition]),
+                limit=1,
+            ).records
+            evaluation = record.event.dagster_event.event_specific_data
+            target = evaluation.target_materialization_data
+            assert (target.storage_id, target.run_id, target.timestamp) == (
+                stored.storage_id,
+                stored.run_id,
+                stored.timestamp,
+            )
 
     store = results_store()
     rows = {r.document_id for r in store.results.get()}
