@@ -57,6 +57,7 @@ class Results:
         self.table, self.history_table = results_tables(columns_for(output_model))
         assert self.table.metadata is not None
         db.create(self.table.metadata)
+        self._upsert: Any = None
 
     def upsert(self, rows: Sequence[ResultRow]) -> int:
         """Insert or update result rows, one per document id. Never a plain insert."""
@@ -70,13 +71,7 @@ class Results:
             {**row.as_record(), "created_at": now, "updated_at": now} for row in latest.values()
         ]
         results, results_history = self.table, self.history_table
-        stmt = self.db.insert(results).values(values)
-        update_columns = {
-            c.name: stmt.excluded[c.name]
-            for c in results.columns
-            if c.name not in ("document_id", "created_at")
-        }
-        upsert = stmt.on_conflict_do_update(index_elements=["document_id"], set_=update_columns)
+        upsert = self._upsert_statement()
         new_tasks = {d: row.task_id for d, row in latest.items()}
 
         def write(conn: Connection) -> None:
@@ -100,10 +95,26 @@ class Results:
                         for r in replaced
                     ],
                 )
-            conn.execute(upsert)
+            conn.execute(upsert, values)
 
         self.db.write(write)
         return len(values)
+
+    def _upsert_statement(self) -> Any:
+        """INSERT … ON CONFLICT (document_id) DO UPDATE of every column but the key and
+        ``created_at``, built once: rows are bound at execution (a run upserts once a document,
+        and building and hashing the statement each time cost more than executing it)."""
+        if self._upsert is None:
+            stmt = self.db.insert(self.table)
+            update_columns = {
+                c.name: stmt.excluded[c.name]
+                for c in self.table.columns
+                if c.name not in ("document_id", "created_at")
+            }
+            self._upsert = stmt.on_conflict_do_update(
+                index_elements=["document_id"], set_=update_columns
+            )
+        return self._upsert
 
     def history(self, document_id: str) -> list[dict[str, Any]]:
         """A document's earlier analyses, the oldest first."""
