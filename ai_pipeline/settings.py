@@ -78,8 +78,11 @@ SETTINGS: dict[str, Setting] = {
     ),
     "documents_per_run": Setting(
         "AI_PIPELINE_DOCUMENTS_PER_RUN",
-        25,
-        "documents in one run of the sensor or the CLI (backfills: AI_PIPELINE_BACKFILL_RUN_SIZE)",
+        None,
+        "documents in one run of a sensor or of `run` (backfills: AI_PIPELINE_BACKFILL_RUN_SIZE); "
+        "unset: a sensor tick's documents over the run queue's slots, as a backfill's, and 25 "
+        "for `run`",
+        int,
     ),
     "max_document_bytes": Setting(
         "AI_PIPELINE_MAX_DOCUMENT_BYTES",
@@ -204,7 +207,7 @@ class Settings:
     llm_requests_per_minute: int
     api_key_file: str | None
     api_key_command: str | None
-    documents_per_run: int
+    documents_per_run: int | None
     max_document_bytes: int
     min_confidence: float
     webhook_url: str | None

@@ -33,7 +33,7 @@ def test_defaults_without_environment(monkeypatch: pytest.MonkeyPatch, tmp_path:
         llm_requests_per_minute=0,
         api_key_file=None,
         api_key_command=None,
-        documents_per_run=25,
+        documents_per_run=None,
         max_document_bytes=DEFAULT_MAX_DOCUMENT_BYTES,
         min_confidence=DEFAULT_MIN_CONFIDENCE,
         webhook_url=None,

@@ -205,12 +205,20 @@ def backfill_run_size(
 
 def planned_run_size(instance: dg.DagsterInstance, documents: int) -> int:
     """The run size of a backfill of ``documents`` that this package plans: the
-    ``AI_PIPELINE_BACKFILL_RUN_SIZE`` override when set, else ``backfill_run_size`` from the
-    instance's run queue (``run_coordinator``'s ``max_concurrent_runs`` in ``dagster.yaml``) and
-    the runs' LLM concurrency."""
+    ``AI_PIPELINE_BACKFILL_RUN_SIZE`` override when set, else ``run_size_for``."""
     settings = Settings.load()
-    if settings.backfill_run_size is not None:
-        return settings.backfill_run_size
+    return run_size_for(instance, documents, settings, settings.backfill_run_size)
+
+
+def run_size_for(
+    instance: dg.DagsterInstance, documents: int, settings: Settings, override: int | None
+) -> int:
+    """``override`` when set, else ``backfill_run_size`` of ``documents`` from the instance's run
+    queue (``run_coordinator``'s ``max_concurrent_runs`` in ``dagster.yaml``) and the runs' LLM
+    concurrency: runs that fill the queue's slots in one wave. A sensor tick's runs are sized the
+    same way (``AI_PIPELINE_DOCUMENTS_PER_RUN`` is their override)."""
+    if override is not None:
+        return override
     queue = instance.get_concurrency_config().run_queue_config
     slots = queue.max_concurrent_runs if queue is not None else None
     return backfill_run_size(documents, slots, settings.llm_concurrency)

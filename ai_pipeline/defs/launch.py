@@ -58,6 +58,9 @@ from ai_pipeline.store.rows import Decision, DocumentRow
 from ai_pipeline.tasks import SECTION_STEP_PREFIX
 
 QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+# Documents per range run of `run` (one after another in this process) when
+# AI_PIPELINE_DOCUMENTS_PER_RUN is unset.
+RUN_DOCUMENTS_PER_RUN = 25
 
 
 def _silent(message: str) -> None:
@@ -281,7 +284,8 @@ class Launcher:
         budget_tags = {BUDGET_TAG: budget} if budget else {}
         job = self.repository.get_job(self.site.job_name)
         ordered = self.instance.get_dynamic_partitions(self.site.partitions)
-        ranges = contiguous_ranges(document_ids, ordered, self.settings.documents_per_run)
+        size = self.settings.documents_per_run or RUN_DOCUMENTS_PER_RUN
+        ranges = contiguous_ranges(document_ids, ordered, size)
         runs = []
         with self._watched([d for batch in ranges for d in batch]):
             for i, batch in enumerate(ranges, 1):

@@ -27,7 +27,7 @@ from typing import Any
 
 import dagster as dg
 
-from ai_pipeline.defs.backfills import BACKFILL_TAG, backfill_id_for, launch_backfill
+from ai_pipeline.defs.backfills import BACKFILL_TAG, backfill_id_for, launch_backfill, run_size_for
 from ai_pipeline.defs.jobs import range_run_request
 from ai_pipeline.defs.partitions import missing_partitions
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
@@ -151,7 +151,7 @@ def openai_batch_tick(
             f"{len(progress.advanced)} Batch API jobs followed; "
             + (f"{len(backfills)} backfills launched" if backfills else "no document to run yet")
         )
-    return _runs_for(context, site, store, launch, pipeline.documents_per_run)
+    return _runs_for(context, site, store, launch, pipeline)
 
 
 def batch_jobs(store: Store, llm: LLMResource) -> tuple[BatchJobs, Settings]:
@@ -208,7 +208,7 @@ def _runs_for(
     site: Site,
     store: Store,
     run_keys: Mapping[str, str],
-    size: int,
+    settings: Settings,
 ) -> dg.SensorResult:
     """Runs of the analysis job for these documents (document → run key): ranges over the ones
     that are new partitions (added now, so contiguous), one run each for the others."""
@@ -224,7 +224,12 @@ def _runs_for(
         run_requests=[
             *(
                 range_run_request(batch, prefix=RUN_KEY_PREFIX, job_name=site.job_name)
-                for batch in batches(new_ids, size)
+                for batch in batches(
+                    new_ids,
+                    run_size_for(
+                        context.instance, len(new_ids), settings, settings.documents_per_run
+                    ),
+                )
             ),
             *(
                 dg.RunRequest(run_key=run_keys[d], job_name=site.job_name, partition_key=d)

@@ -15,7 +15,7 @@ from typing import Any
 
 import dagster as dg
 
-from ai_pipeline.defs.backfills import backfill_ended
+from ai_pipeline.defs.backfills import backfill_ended, run_size_for
 from ai_pipeline.defs.jobs import range_run_request
 from ai_pipeline.defs.partitions import missing_partitions, naming_config
 from ai_pipeline.defs.resources import PipelineSettings, ResultsStore
@@ -166,7 +166,10 @@ def _inbox_tick(
                 # Partitions another analysis added: the range may hold others of its documents.
                 run_config=naming_config(batch, site.op) if shared & set(batch) else None,
             )
-            for batch in batches(new_ids, config.documents_per_run)
+            for batch in batches(
+                new_ids,
+                run_size_for(context.instance, len(new_ids), config, config.documents_per_run),
+            )
         ],
         dynamic_partitions_requests=[site.partitions_def.build_add_request(missing)]
         if missing
@@ -287,7 +290,10 @@ def _submissions_tick(
         run_requests=[
             *(
                 range_run_request(batch, prefix="api", job_name=site.job_name)
-                for batch in batches(new_ids, config.documents_per_run)
+                for batch in batches(
+                    new_ids,
+                    run_size_for(context.instance, len(new_ids), config, config.documents_per_run),
+                )
             ),
             *(
                 dg.RunRequest(run_key=f"api:{d}", job_name=site.job_name, partition_key=d)

@@ -40,7 +40,7 @@ def call_sensor(
     instance: dg.DagsterInstance,
     inbox: Path | None,
     cursor: str | None = None,
-    documents_per_run: int = 10,
+    documents_per_run: int | None = 10,
     max_files: int | None = None,
 ) -> dg.SensorResult | dg.SkipReason:
     context = dg.build_sensor_context(
@@ -124,6 +124,28 @@ def test_new_files_become_partitions_and_range_runs(
     again = call_sensor(instance, inbox, cursor=result.cursor)
     assert isinstance(again, dg.SkipReason)
     assert "no new files" in (again.skip_message or "")
+
+
+def test_a_ticks_runs_fill_the_run_queue_when_no_size_is_set(
+    instance: dg.DagsterInstance,
+    tmp_path: Path,
+    no_inbox_env: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """AI_PIPELINE_DOCUMENTS_PER_RUN unset: a tick's documents go in one run per slot of the run
+    queue (max_concurrent_runs of the instance), as a backfill's would, not in runs of 25."""
+    monkeypatch.setenv("AI_PIPELINE_LLM_CONCURRENCY", "2")
+    slots = instance.get_concurrency_config().run_queue_config.max_concurrent_runs
+    assert slots == 4
+    texts = {f"f{i:02d}.txt": sample_text(i) for i in range(23)}
+    inbox = make_inbox(tmp_path / "inbox", texts)
+    ids = [doc_id(t) for t in texts.values()]
+
+    result = call_sensor(instance, inbox, documents_per_run=None)
+
+    assert isinstance(result, dg.SensorResult)
+    assert run_ranges(result) == expected_ranges(ids, 6)  # ceil(23 / 4)
+    assert [n for _, _, n in run_ranges(result)] == [6, 6, 6, 5]
 
 
 def test_a_backlog_is_drained_over_bounded_ticks(
