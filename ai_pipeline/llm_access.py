@@ -126,15 +126,16 @@ class GlobalCap:
     results database): a call holds a slot (``hold``) from before its request goes out until its
     reply, its failure or its cancellation is in.
 
-    Waiting never blocks the event loop: it polls — one read of the slots when none is free —
-    with asyncio sleeps backing off from ``FIRST_POLL`` to ``LAST_POLL`` seconds, jittered so
-    that waiters do not poll in step. Each statement is one short one on the loop, as the meter's
-    are. A slot is held for ``lease_seconds`` and renewed every third of that while its request
-    lasts; the slot of a holder that died comes back when its lease expires.
+    Waiting never blocks the event loop. The calls of one cap (one run) wait in line, and only
+    the first polls — one read of the slots while none is free — with asyncio sleeps backing off
+    from ``FIRST_POLL`` to ``LAST_POLL`` seconds, jittered so that processes do not poll in step;
+    a slot this cap gives back wakes it at once. Each statement is one short one on the loop, as
+    the meter's are. A slot is held for ``lease_seconds`` and renewed every third of that while
+    its request lasts; the slot of a holder that died comes back when its lease expires.
     """
 
-    FIRST_POLL = 0.02
-    LAST_POLL = 1.0
+    FIRST_POLL = 0.01
+    LAST_POLL = 0.25
 
     def __init__(
         self,
@@ -143,24 +144,27 @@ class GlobalCap:
         *,
         lease_seconds: float = 60.0,
         process: ProcessRef | None = None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ):
         self.slots = slots
         self.size = size
         self.lease_seconds = lease_seconds
         self.process = process or current()
-        self._sleep = sleep
+        self._line = asyncio.Lock()
+        self._freed = asyncio.Event()
 
     @asynccontextmanager
     async def hold(self) -> AsyncIterator[int]:
         """A slot of the cap, held for the ``async with`` block; yields its number."""
         holder = uuid.uuid4().hex
-        delay = self.FIRST_POLL
-        while (
-            slot := self.slots.take(self.size, holder, self.lease_seconds, self.process)
-        ) is None:
-            await self._sleep(delay * random.uniform(0.5, 1.5))
-            delay = min(delay * 2, self.LAST_POLL)
+        async with self._line:
+            delay = self.FIRST_POLL
+            while (
+                slot := self.slots.take(self.size, holder, self.lease_seconds, self.process)
+            ) is None:
+                self._freed.clear()
+                with suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._freed.wait(), delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, self.LAST_POLL)
         # From the take on, nothing suspends before the try: a cancellation releases the slot.
         renewal = _Renewal(
             lambda: self.slots.renew(slot, holder, self.lease_seconds), self.lease_seconds / 3
@@ -172,6 +176,7 @@ class GlobalCap:
             # A database away for longer than its retries: the slot expires on its own.
             with suppress(Exception):
                 self.slots.release(slot, holder)
+            self._freed.set()
 
 
 class _Renewal:
