@@ -12,9 +12,9 @@ retry reuses the same task id and ``Idempotency-Key``. What this client adds:
 - CONFIGURATION (a model the endpoint does not have, a parameter it refuses, an address where
   nothing listens): the circuit opens at the first such reply, with a message naming the setting
   (``ai_pipeline.misconfiguration``); the calls already in flight are all the run sends;
-- a shared limiter (requests per minute, calls in flight) that keeps a run from causing 429s in the
-  first place (``ai_pipeline.llm_access``: the key in use, the per-minute limit, the
-  budget a request reserves from).
+- a shared limiter (requests per minute, calls in flight, optionally a cap on calls in flight
+  across every run and host) that keeps a run from causing 429s in the first place
+  (``ai_pipeline.llm_access``: the key in use, the limits, the budget a request reserves from).
 
 Only the document whose call failed waits; the others of the batch go on. Works with any
 OpenAI-compatible endpoint by ``base_url`` (OpenAI, Azure OpenAI, vLLM, Ollama, the simulator).
@@ -26,6 +26,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,7 +35,14 @@ from opentelemetry import trace
 from ai_pipeline.declaration import ModelSettings
 from ai_pipeline.endpoints import request_parameters
 from ai_pipeline.failures import Category, ClassifiedError
-from ai_pipeline.llm_access import Credentials, Meter, RateLimiter, billed_details, limit_of
+from ai_pipeline.llm_access import (
+    Credentials,
+    GlobalCap,
+    Meter,
+    RateLimiter,
+    billed_details,
+    limit_of,
+)
 from ai_pipeline.llm_errors import attempt_failure, classify, describe
 from ai_pipeline.misconfiguration import connection_refused, refused_message, unreachable_message
 from ai_pipeline.retry import AttemptFailure, Log, NullLog, Retrier, RetryHook
@@ -161,9 +169,11 @@ class LLMClient:
         clock: Callable[[], float] = time.monotonic,
         on_failure: RetryHook | None = None,
         meter: Meter | None = None,
+        global_cap: GlobalCap | None = None,
     ):
         self.model = model
         self.meter = meter
+        self.global_cap = global_cap
         self.credentials = api_key if isinstance(api_key, Credentials) else Credentials(api_key)
         self.on_failure = on_failure
         self._retrier = Retrier(sleep=sleep, clock=clock)
@@ -277,7 +287,6 @@ class LLMClient:
     async def _with_policy(self, task_id: str, request: _Request, log: Log) -> LLMReply:
         refreshed = False
         generation = self.credentials.generation
-
         attempt = 0
 
         async def send() -> LLMReply:
@@ -371,7 +380,8 @@ class LLMClient:
         messages = request.messages
         self._refuse_if_stopping(task_id)
         await self._limiter.acquire()
-        async with self._semaphore:
+        cap = self.global_cap.hold() if self.global_cap else nullcontext()
+        async with self._semaphore, cap:
             self._refuse_if_stopping(task_id)
             reserved = self.meter.max_completion_tokens if self.meter else None
             body = chat_request(

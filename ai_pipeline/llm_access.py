@@ -1,24 +1,30 @@
 """What lets an LLM client send: the API key in use and where a fresh one comes from, the shared
-limit on requests per minute that keeps a run from causing 429s in the first place, and the budget
-each request reserves from (``Meter``) with what it is settled by: the completion limit the request
-carried and the billed details of the reply's usage.
+limit on requests per minute that keeps a run from causing 429s in the first place, the optional
+global cap on calls in flight across every run and host (``GlobalCap``, its slots held in the
+results database), and the budget each request reserves from (``Meter``) with what it is settled
+by: the completion limit the request carried and the billed details of the reply's usage.
 
 The client (``ai_pipeline.llm``) decides when to refresh the key (after a 401/403), takes a place
-from the limiter and a reservation from the meter before each request; nothing here sends anything.
+from the limiter, a slot of the cap and a reservation from the meter before each request; nothing
+here sends anything.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shlex
 import subprocess
 import time
+import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any, Protocol
 
+from ai_pipeline.processes import ProcessRef, current
 from ai_pipeline.redaction import register_secret
 
 
@@ -101,6 +107,94 @@ class RateLimiter:
                     self._sent.append(now)
                     return
                 await self._sleep(60.0 - (now - self._sent[0]))
+
+
+class CallSlots(Protocol):
+    """Where the slots of the global cap are held (``ai_pipeline.store.slots.CallSlots``)."""
+
+    def take(
+        self, size: int, holder: str, seconds: float, process: ProcessRef | None = ...
+    ) -> int | None: ...
+
+    def renew(self, slot: int, holder: str, seconds: float) -> bool: ...
+
+    def release(self, slot: int, holder: str) -> bool: ...
+
+
+class GlobalCap:
+    """At most ``size`` calls in flight across every process whose ``slots`` are the same (one
+    results database): a call holds a slot (``hold``) from before its request goes out until its
+    reply, its failure or its cancellation is in.
+
+    Waiting never blocks the event loop. The calls of one cap (one run) wait in line, and only
+    the first polls — one read of the slots while none is free — with asyncio sleeps backing off
+    from ``FIRST_POLL`` to ``LAST_POLL`` seconds, jittered so that processes do not poll in step;
+    a slot this cap gives back wakes it at once. Each statement is one short one on the loop, as
+    the meter's are. A slot is held for ``lease_seconds`` and renewed every third of that while
+    its request lasts; the slot of a holder that died comes back when its lease expires.
+    """
+
+    FIRST_POLL = 0.01
+    LAST_POLL = 0.25
+
+    def __init__(
+        self,
+        slots: CallSlots,
+        size: int,
+        *,
+        lease_seconds: float = 60.0,
+        process: ProcessRef | None = None,
+    ):
+        self.slots = slots
+        self.size = size
+        self.lease_seconds = lease_seconds
+        self.process = process or current()
+        self._line = asyncio.Lock()
+        self._freed = asyncio.Event()
+
+    @asynccontextmanager
+    async def hold(self) -> AsyncIterator[int]:
+        """A slot of the cap, held for the ``async with`` block; yields its number."""
+        holder = uuid.uuid4().hex
+        async with self._line:
+            delay = self.FIRST_POLL
+            while (
+                slot := self.slots.take(self.size, holder, self.lease_seconds, self.process)
+            ) is None:
+                self._freed.clear()
+                with suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._freed.wait(), delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, self.LAST_POLL)
+        # From the take on, nothing suspends before the try: a cancellation releases the slot.
+        renewal = _Renewal(
+            lambda: self.slots.renew(slot, holder, self.lease_seconds), self.lease_seconds / 3
+        )
+        try:
+            yield slot
+        finally:
+            renewal.cancel()
+            # A database away for longer than its retries: the slot expires on its own.
+            with suppress(Exception):
+                self.slots.release(slot, holder)
+            self._freed.set()
+
+
+class _Renewal:
+    """Calls ``renew`` every ``every`` seconds on the running loop until cancelled."""
+
+    def __init__(self, renew: Callable[[], object], every: float):
+        self._renew = renew
+        self._every = every
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_later(every, self._run)
+
+    def _run(self) -> None:
+        with suppress(Exception):  # the next renewal tries again; the lease covers two misses
+            self._renew()
+        self._handle = self._loop.call_later(self._every, self._run)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
 
 
 class Meter(Protocol):

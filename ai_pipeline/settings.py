@@ -64,6 +64,13 @@ SETTINGS: dict[str, Setting] = {
     "llm_concurrency": Setting(
         "AI_PIPELINE_LLM_CONCURRENCY", 8, "LLM calls in flight at once within one run"
     ),
+    "global_llm_concurrency": Setting(
+        "AI_PIPELINE_GLOBAL_LLM_CONCURRENCY",
+        None,
+        "LLM calls in flight at once across every run, process and host sharing the results "
+        "database (slots held there); unset: no cap beyond each run's",
+        int,
+    ),
     "llm_timeout_seconds": Setting(
         "AI_PIPELINE_LLM_TIMEOUT", 60.0, "seconds before one LLM call times out"
     ),
@@ -235,6 +242,7 @@ class Settings:
     dagster_url: str
     public_url: str | None = None
     definitions: str | None = None
+    global_llm_concurrency: int | None = None
 
     @classmethod
     def load(cls, **overrides: Any) -> Settings:
@@ -299,6 +307,7 @@ class Settings:
 # The settings that must be at least 1 when set (counts, sizes, the lease and the sensor interval).
 _AT_LEAST_ONE = (
     "llm_concurrency",
+    "global_llm_concurrency",
     "documents_per_run",
     "retry_budget",
     "lease_seconds",

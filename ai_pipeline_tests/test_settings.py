@@ -167,6 +167,8 @@ def test_min_confidence_bounds_are_allowed(value: float) -> None:
     ("overrides", "env"),
     [
         ({"llm_concurrency": 0}, "AI_PIPELINE_LLM_CONCURRENCY"),
+        ({"global_llm_concurrency": 0}, "AI_PIPELINE_GLOBAL_LLM_CONCURRENCY"),
+        ({"global_llm_concurrency": -2}, "AI_PIPELINE_GLOBAL_LLM_CONCURRENCY"),
         ({"documents_per_run": -1}, "AI_PIPELINE_DOCUMENTS_PER_RUN"),
         ({"llm_timeout_seconds": 0.0}, "AI_PIPELINE_LLM_TIMEOUT"),
     ],
@@ -196,3 +198,18 @@ def test_budgets_are_typed_and_never_negative(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("AI_PIPELINE_RUN_BUDGET_TOKENS", "-1")
     with pytest.raises(SettingsError, match="≥ 0"):
         Settings.load()
+
+
+def test_the_global_llm_cap_is_off_unless_set_and_must_be_a_whole_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Unset, there is no global cap; set, it is a count; not a whole number, one SettingsError
+    names the variable."""
+    monkeypatch.delenv("AI_PIPELINE_GLOBAL_LLM_CONCURRENCY", raising=False)
+    assert Settings.load().global_llm_concurrency is None
+    monkeypatch.setenv("AI_PIPELINE_GLOBAL_LLM_CONCURRENCY", "4")
+    assert Settings.load().global_llm_concurrency == 4
+    for wrong in ("four", "2.5"):
+        monkeypatch.setenv("AI_PIPELINE_GLOBAL_LLM_CONCURRENCY", wrong)
+        with pytest.raises(SettingsError, match=f"AI_PIPELINE_GLOBAL_LLM_CONCURRENCY='{wrong}'"):
+            Settings.load()

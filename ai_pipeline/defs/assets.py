@@ -160,7 +160,7 @@ def _analyse(
     )
     analyser = Analyser(
         store,
-        llm.client(meter=meter),
+        llm.client(meter=meter, call_slots=store.call_slots),
         results_io_manager,
         log=run_log(
             context.log, context.run.tags, run_id=context.run.run_id, json_path=config.json_log

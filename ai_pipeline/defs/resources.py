@@ -12,7 +12,7 @@ import dagster as dg
 from pydantic import PrivateAttr
 
 from ai_pipeline.llm import LLMClient
-from ai_pipeline.llm_access import Credentials
+from ai_pipeline.llm_access import CallSlots, Credentials, GlobalCap
 from ai_pipeline.settings import Settings
 from ai_pipeline.store import Store, open_store
 
@@ -79,7 +79,9 @@ class LLMResource(dg.ConfigurableResource):
     api_key_file: str | None = None
     api_key_command: str | None = None
 
-    def client(self, **kwargs: Any) -> LLMClient:
+    def client(self, *, call_slots: CallSlots | None = None, **kwargs: Any) -> LLMClient:
+        """The run's client; with ``AI_PIPELINE_GLOBAL_LLM_CONCURRENCY`` set, its requests also
+        hold a slot of ``call_slots`` (the results database's) each."""
         s = Settings.load(
             base_url=self.base_url,
             analysis=self.analysis,
@@ -98,5 +100,10 @@ class LLMResource(dg.ConfigurableResource):
             timeout_seconds=s.llm_timeout_seconds,
             max_concurrency=s.llm_concurrency,
             requests_per_minute=s.llm_requests_per_minute or None,
+            global_cap=(
+                GlobalCap(call_slots, s.global_llm_concurrency, lease_seconds=s.lease_seconds)
+                if call_slots is not None and s.global_llm_concurrency
+                else None
+            ),
             **kwargs,
         )

@@ -12,6 +12,7 @@ kind of thing stored:
 ``batches``         named sets of documents submitted together
 ``openai_batches``  jobs of OpenAI's Batch API and the state of each task (line) they carry
 ``leases``          which run works on which task now: one owner per task
+``call_slots``      the global cap on LLM calls in flight: one slot per call, N slots in all
 ``tasks``           tasks submitted over HTTP and the tenant each belongs to
 ``spend``           the usage and cost of every LLM attempt; budgets reserved before each call
 ``secrets``         secrets every web process on the database shares (the review forms' key)
@@ -43,6 +44,7 @@ from ai_pipeline.store.openai_batches import OpenAIBatches
 from ai_pipeline.store.results import Results
 from ai_pipeline.store.reviews import Reviews
 from ai_pipeline.store.secrets import Secrets
+from ai_pipeline.store.slots import CallSlots
 from ai_pipeline.store.spend import Spend
 from ai_pipeline.store.tables import store_info
 from ai_pipeline.store.tasks import TenantTasks
@@ -75,6 +77,7 @@ class Store:
         self.batches = Batches(self.db)
         self.openai_batches = OpenAIBatches(self.db)
         self.leases = Leases(self.db)
+        self.call_slots = CallSlots(self.db)
         self.tasks = TenantTasks(self.db, self.documents)
         self.spend = Spend(self.db)
         self.secrets = Secrets(self.db)

@@ -17,6 +17,8 @@
 - ``batches``: named sets of documents submitted together (the batch id is their content).
 - ``store_info``: which analysis the database holds the results of (one per database).
 - ``leases``: which run works on a task now, until when (one owner per task).
+- ``llm_call_slots``: the places of the LLM calls in flight under the global cap
+  (``AI_PIPELINE_GLOBAL_LLM_CONCURRENCY``): one row per slot, held by one call until it is answered.
 - ``tenant_tasks``, ``tenant_uploads``, ``tenant_requests``: tasks submitted over HTTP, whose each
   is, the original bytes of a submitted PDF, and each tenant's requests per minute.
 - ``service_secrets``: secrets every process of a deployment shares (the review forms' signing key).
@@ -226,6 +228,18 @@ leases = sa.Table(
     sa.Column("acquired_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
     # The owner's process (``ai_pipeline.processes``): one known dead is taken over before expiry.
+    sa.Column("process", sa.String(200), nullable=True),
+)
+
+# One row per slot of the global cap on LLM calls in flight; a slot without a holder is free, and
+# so is one whose holder's lease expired (``ai_pipeline.store.slots``).
+llm_call_slots = sa.Table(
+    "llm_call_slots",
+    metadata,
+    sa.Column("slot", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("holder", sa.String(64), nullable=True),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True),
+    # The holder's process (``ai_pipeline.processes``): one known dead frees its slot at once.
     sa.Column("process", sa.String(200), nullable=True),
 )
 
