@@ -227,6 +227,26 @@ def what_dagster_recorded(
     }
 
 
+def runs_ended(home: Path, env: dict[str, str], timeout: float = 3600.0) -> None:
+    """Returns when no run of the instance is queued, starting, running or being cancelled."""
+    import dagster as dg
+
+    os.environ.update({k: v for k, v in env.items() if k.startswith(("DAGSTER", "AI_PIPELINE"))})
+    going = [
+        dg.DagsterRunStatus.QUEUED,
+        dg.DagsterRunStatus.NOT_STARTED,
+        dg.DagsterRunStatus.STARTING,
+        dg.DagsterRunStatus.STARTED,
+        dg.DagsterRunStatus.CANCELING,
+    ]
+    deadline = time.monotonic() + timeout
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        while (
+            instance.get_runs_count(dg.RunsFilter(statuses=going)) and time.monotonic() < deadline
+        ):
+            time.sleep(0.5)
+
+
 def llm_latency_seen_by_runs(database_url: str) -> float | None:
     """The mean time an LLM call took as the runs measured it (request sent → answer parsed, in
     each analysis checkpoint): the simulator's latency plus HTTP and its own serving time."""
@@ -295,6 +315,9 @@ def one_pass(
             started, started_epoch = time.perf_counter(), time.time()
             first = submit("--timeout", "36000")
             wall = time.perf_counter() - started
+            # Its runs may still be writing their events (`--wait` returns at the last document
+            # settled in the results database): their CPU is the batch's too.
+            runs_ended(home, env)
         # The same documents submitted again: all completed, so no run and no LLM call.
         again_requests = simulator.stats()["total"]
         again_started = time.perf_counter()
