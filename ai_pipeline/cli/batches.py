@@ -85,14 +85,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    from ai_pipeline.defs.relaunch import batch_summary
+    from ai_pipeline.defs.relaunch import batch_report
 
-    summary = batch_summary(launcher(args), args.batch_id)
+    summary = batch_report(launcher(args), args.batch_id)
     if args.json:
         print_json(summary)
     else:
         print(f"batch {summary['batch_id']} ({summary['name']})")
         _print_batch(summary)
+        for b in summary["backfills"]:
+            print(f"  backfill {b['backfill_id']}  {b['status']:<17} {b['title']}")
     return EXIT_OK
 
 
@@ -153,9 +155,10 @@ def add_commands(sub: Any) -> None:
 
     p = sub.add_parser(
         "batch",
-        help="a batch's totals: succeeded, failed, pending, failed ids",
-        description="Report a submitted batch: total / succeeded / failed / pending, and why each "
-        "failed document failed.",
+        help="a batch's totals: succeeded, failed, pending, failed ids, its backfills",
+        description="Report a submitted batch: total / succeeded / failed / pending, why each "
+        "failed document failed, and each of its backfills (id, status, title: the pages to open "
+        "in the UI).",
     )
     p.add_argument("batch_id", metavar="BATCH_ID", help="the batch id submit printed")
     add_output_flags(p)

@@ -153,6 +153,21 @@ class BatchBackfills:
     whole: str | None
 
 
+def batch_backfill_list(instance: dg.DagsterInstance, batch_id: str) -> list[dict[str, Any]]:
+    """Every backfill of a batch, oldest first: id, title, part and status (what ``ai-pipeline
+    batch`` lists, so that an operator knows which pages to open)."""
+    found = instance.get_backfills(filters=BulkActionsFilter(tags={BATCH_TAG: batch_id}))
+    return [
+        {
+            "backfill_id": b.backfill_id,
+            "title": b.title,
+            "part": b.tags.get(PART_TAG),
+            "status": b.status.value,
+        }
+        for b in sorted(found, key=lambda b: (b.backfill_timestamp, b.tags.get(PART_TAG, "")))
+    ]
+
+
 def batch_backfills(
     instance: dg.DagsterInstance, batch_id: str, parts: int, analysis: str
 ) -> BatchBackfills:

@@ -20,6 +20,7 @@ from ai_pipeline.defs.backfills import plan_failed_backfill
 from ai_pipeline.defs.chunks import (
     Chunk,
     Launched,
+    batch_backfill_list,
     documents_per_backfill,
     launch_chunks,
     plan_batch,
@@ -206,6 +207,12 @@ def submit_batch(
         _wait(launcher, out, launched, plan.pending, timeout, shown=document_ids)
     out.update(batch_summary(launcher, batch_id))
     return out
+
+
+def batch_report(launcher: Launcher, batch_id: str) -> dict[str, Any]:
+    """``batch_summary``, and every backfill of the batch (``batch_backfill_list``)."""
+    summary = batch_summary(launcher, batch_id)
+    return {**summary, "backfills": batch_backfill_list(launcher.instance, batch_id)}
 
 
 def batch_summary(launcher: Launcher, batch_id: str) -> dict[str, Any]:

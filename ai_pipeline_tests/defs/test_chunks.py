@@ -20,7 +20,7 @@ from ai_pipeline.defs.chunks import (
 from ai_pipeline.defs.dagster_private import BulkActionStatus
 from ai_pipeline.defs.site import DEFAULT_SITE
 from ai_pipeline.intake import BATCH_TAG
-from ai_pipeline_tests.defs.test_backfills import covered_by
+from ai_pipeline_tests.defs.test_backfills import covered_by, daemon_env  # noqa: F401 (a fixture)
 from ai_pipeline_tests.support import make_inbox, run_cli, sample_text
 
 
@@ -95,7 +95,7 @@ def test_submit_launches_a_big_batch_as_parts_and_a_resubmission_launches_nothin
 ) -> None:
     """Seven documents at three a backfill: three backfills titled by part, with their
     deterministic ids, each document in exactly one; submitting again while they are queued
-    launches nothing and names all three."""
+    launches nothing and names all three; ``batch`` lists them with their status."""
     first = submit(capsys, inbox)
 
     found = batch_backfills(instance)
@@ -120,6 +120,12 @@ def test_submit_launches_a_big_batch_as_parts_and_a_resubmission_launches_nothin
     assert again["already_running"] is True
     assert again["backfill_ids"] == first["backfill_ids"]
     assert len(instance.get_backfills()) == 3
+    code, batch = run_cli(capsys, "batch", first["batch_id"], "--json")
+    assert code == 0
+    assert [(b["backfill_id"], b["title"], b["status"]) for b in batch["backfills"]] == [
+        (found[p].backfill_id, f"batch weekly, part {p}", "REQUESTED")
+        for p in ("1/3", "2/3", "3/3")
+    ]
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
@@ -206,10 +212,10 @@ def test_the_parts_runs_are_sized_for_the_whole_launch(
 @pytest.mark.daemon
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the wait knows no backend
+@pytest.mark.usefixtures("daemon_env")
 def test_submit_wait_waits_for_every_part(
     instance: dg.DagsterInstance,
     simulator: Any,
-    daemon_env: None,
     daemon: Any,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
