@@ -41,7 +41,6 @@ import dagster as dg
 
 from ai_pipeline.defs.dagster_private import (
     BULK_ACTION_TERMINAL_STATUSES,
-    BulkActionsFilter,
     BulkActionStatus,
     PartitionBackfill,
     make_new_backfill_id,
@@ -305,19 +304,6 @@ def launch_backfill(
         backfill = _with_planned_runs(instance, asset_graph, backfill, document_ids, site, run_size)
     instance.add_backfill(backfill)
     return backfill_id
-
-
-def active_backfill(
-    instance: dg.DagsterInstance, tag: str, value: str, *, analysis: str | None = None
-) -> str | None:
-    """The id of a backfill tagged ``tag=value`` (and, when given, of the analysis ``analysis``)
-    that is not over (queued or running), if any."""
-    active = [s for s in BulkActionStatus if s not in BULK_ACTION_TERMINAL_STATUSES]
-    for backfill in instance.get_backfills(filters=BulkActionsFilter(statuses=active)):
-        mine = analysis is None or backfill.tags.get(ANALYSIS_TAG, analysis) == analysis
-        if backfill.tags.get(tag) == value and mine:
-            return str(backfill.backfill_id)
-    return None
 
 
 def backfill_ended(backfill: Any) -> bool:

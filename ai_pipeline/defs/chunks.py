@@ -1,8 +1,8 @@
 """A big launch as several backfills ("chunks") that an operator can open in the Dagster UI.
 
-Dagster's page of one backfill shows its per-asset table (partitions targeted, in progress,
-succeeded, failed) only when it can load the backfill's partitions: at 100,000 documents it showed
-its header and no table within 240 s (``benchmarks/scale.py``, benchmarks/README.md). So a launch
+Dagster's page of one backfill polls for every partition it targets: at 100,000 documents its
+largest answer weighed 4.6 MB (polled every ~2.7 s), at 10,000 0.46 MB, and its table counts a
+whole batch in one row per asset (``benchmarks/scale.py``, benchmarks/README.md). So a launch
 of more than ``MAX_DOCUMENTS_PER_BACKFILL`` documents (``AI_PIPELINE_BACKFILL_DOCUMENTS``
 overrides it) becomes several backfills of at most that many, equal in size and in the order of
 the documents, each titled with its part ("batch X, part 3/10") and tagged with it (``PART_TAG``).
@@ -12,7 +12,7 @@ All their runs share the run queue, so the run size is chosen once for the whole
 A batch (``submit``) is cut by its whole document list, not by what is pending, so its parts stay
 the same from one submit to the next; each part is followed on its own: a part whose backfill is
 still queued or running launches nothing, and a part launched again gets the next deterministic id
-(``batch_part_backfill_id``), so two submits that race, or a submit retried after it stopped
+(``next_part_backfill_id``), so two submits that race, or a submit retried after it stopped
 half-way, launch each part once. This module holds the cutting and the launching; what a launch
 reports and how it is waited for are ``ai_pipeline.defs.relaunch``'s.
 """
@@ -26,20 +26,23 @@ from typing import Any
 import dagster as dg
 
 from ai_pipeline.defs.backfills import (
-    backfill_ended,
     backfill_id_for,
     launch_backfill,
     planned_run_size,
     settled_once_runs_end,
 )
-from ai_pipeline.defs.dagster_private import BulkActionsFilter
+from ai_pipeline.defs.dagster_private import (
+    BULK_ACTION_TERMINAL_STATUSES,
+    BulkActionsFilter,
+    BulkActionStatus,
+)
 from ai_pipeline.defs.site import ANALYSIS_TAG, DEFAULT_SITE, Site
 from ai_pipeline.intake import BATCH_TAG
 from ai_pipeline.settings import Settings
 
-# The most documents one backfill takes. Measured with benchmarks/scale.py (benchmarks/README.md):
-# the backfill page showed its table at 10,000 documents in ~6 s and at 25,000 in ~12 s; at 100,000
-# not within 240 s.
+# The most documents one backfill takes. Measured with benchmarks/scale.py (benchmarks/README.md,
+# a shared two-core machine): a backfill page showed its table in 3.7 s at 10,000 documents (0.46 MB
+# the largest answer it polls for), 4.1 s at 25,000 (1.15 MB), 10-14 s at 100,000 (4.6 MB).
 MAX_DOCUMENTS_PER_BACKFILL = 10_000
 
 # The tag that says which part of a launch a backfill is: "3/10".
@@ -142,12 +145,10 @@ def batch_part_backfill_id(site: Site, batch_id: str, chunk: Chunk, earlier: int
 
 @dataclass(frozen=True)
 class BatchBackfills:
-    """What the instance holds of a batch's backfills, by part."""
+    """The backfills of a batch still queued or running, by part."""
 
     # Part label → the backfill of that part still queued or running.
     active: dict[str, str]
-    # Part label → how many backfills that part has had.
-    launched: dict[str, int]
     # A backfill still running that covers every part: launched before parts were (no part
     # tag), or under another number of parts.
     whole: str | None
@@ -155,8 +156,14 @@ class BatchBackfills:
 
 def batch_backfill_list(instance: dg.DagsterInstance, batch_id: str) -> list[dict[str, Any]]:
     """Every backfill of a batch, oldest first: id, title, part and status (what ``ai-pipeline
-    batch`` lists, so that an operator knows which pages to open)."""
-    found = instance.get_backfills(filters=BulkActionsFilter(tags={BATCH_TAG: batch_id}))
+    batch`` lists, so that an operator knows which pages to open). The queued and running ones
+    are looked up by status too (see ``batch_backfills``)."""
+    statuses = [s for s in BulkActionStatus if s not in BULK_ACTION_TERMINAL_STATUSES]
+    by_tag = instance.get_backfills(filters=BulkActionsFilter(tags={BATCH_TAG: batch_id}))
+    active = instance.get_backfills(filters=BulkActionsFilter(statuses=statuses))
+    found = {
+        b.backfill_id: b for b in [*by_tag, *active] if b.tags.get(BATCH_TAG) == batch_id
+    }.values()
     return [
         {
             "backfill_id": b.backfill_id,
@@ -171,24 +178,33 @@ def batch_backfill_list(instance: dg.DagsterInstance, batch_id: str) -> list[dic
 def batch_backfills(
     instance: dg.DagsterInstance, batch_id: str, parts: int, analysis: str
 ) -> BatchBackfills:
-    """The backfills of ``batch_id`` (of the analysis ``analysis``), newest first."""
+    """The backfills of ``batch_id`` (of the analysis ``analysis``) still queued or running. By
+    status, and their tags read here: Dagster's filter by tag reads the runs' tags on an
+    instance whose backfill-tags index is not built, and misses a backfill with no run yet."""
     active: dict[str, str] = {}
-    launched: dict[str, int] = {}
     whole = None
-    for backfill in instance.get_backfills(filters=BulkActionsFilter(tags={BATCH_TAG: batch_id})):
-        if backfill.tags.get(ANALYSIS_TAG, analysis) != analysis:
+    statuses = [s for s in BulkActionStatus if s not in BULK_ACTION_TERMINAL_STATUSES]
+    for backfill in instance.get_backfills(filters=BulkActionsFilter(statuses=statuses)):
+        tags = backfill.tags
+        if tags.get(BATCH_TAG) != batch_id or tags.get(ANALYSIS_TAG, analysis) != analysis:
             continue
-        label = backfill.tags.get(PART_TAG, "")
-        mine = label.endswith(f"/{parts}")
-        if mine:
-            launched[label] = launched.get(label, 0) + 1
-        if backfill_ended(backfill):
-            continue
-        if mine:
+        label = tags.get(PART_TAG, "")
+        if label.endswith(f"/{parts}"):
             active.setdefault(label, str(backfill.backfill_id))
         elif whole is None:
             whole = str(backfill.backfill_id)
-    return BatchBackfills(active, launched, whole)
+    return BatchBackfills(active, whole)
+
+
+def next_part_backfill_id(
+    instance: dg.DagsterInstance, site: Site, batch_id: str, chunk: Chunk
+) -> str:
+    """The first of the part's ids (``batch_part_backfill_id`` after 0, 1, 2 … earlier
+    backfills) that names no backfill yet."""
+    earlier = 0
+    while instance.get_backfill(batch_part_backfill_id(site, batch_id, chunk, earlier)):
+        earlier += 1
+    return batch_part_backfill_id(site, batch_id, chunk, earlier)
 
 
 @dataclass
@@ -250,6 +266,5 @@ def plan_batch(
             if not mine:
                 continue
         plan.to_launch.append(Chunk(chunk.part, chunk.parts, tuple(mine)))
-        earlier = found.launched.get(chunk.label, 0)
-        plan.ids.append(batch_part_backfill_id(site, batch_id, chunk, earlier))
+        plan.ids.append(next_part_backfill_id(instance, site, batch_id, chunk))
     return plan

@@ -76,6 +76,7 @@ def backfill_failed(
         "selected": [c.as_dict() for c in plan.selected],
         "skipped": [c.as_dict() for c in plan.skipped],
         "backfill_id": None,
+        "backfill_ids": [],
         "budget": None,
     }
     if dry_run or not plan.selected:
@@ -132,6 +133,7 @@ def backfill_stale(
         "selected": selected,
         "skipped": [],
         "backfill_id": None,
+        "backfill_ids": [],
     }
     if dry_run or not ids:
         return out
