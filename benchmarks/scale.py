@@ -3,15 +3,16 @@
 Two parts, each on a fresh DAGSTER_HOME in a temporary folder (the checkout is not touched):
 
 1. *Commands.* An inbox of N generated documents; each command runs as a user runs it (a new
-   ``ai-pipeline`` process) and is timed: ``submit`` (registration, partitions, the backfill — no
-   daemon runs, so the backfill stays queued), the same ``submit`` again (must launch nothing:
-   its backfill is still queued), then, after the results database is set to a realistic mix
-   (90 % COMPLETED, 5 % FAILED as NETWORK_TIMEOUT, the rest pending), ``status`` (default),
-   ``report``, ``batch`` and ``backfill --failed --dry-run``. Then ``dagster-webserver`` serves
-   that instance and headless Chromium (Debian's, through Playwright) times the pages a user
-   opens: the partitions view of ``analysis_results`` until its status counts show, the
-   backfills list until the batch's backfill shows, and that backfill's page (``--skip-ui``: not
-   these).
+   ``ai-pipeline`` process) and is timed: ``submit`` (registration, partitions, the backfills —
+   one per part of at most 10,000 documents; no daemon runs, so they stay queued), the same
+   ``submit`` again (must launch nothing: its backfills are still queued), then, after the
+   results database is set to a realistic mix (90 % COMPLETED, 5 % FAILED as NETWORK_TIMEOUT,
+   the rest pending), ``status`` (default), ``report``, ``batch`` and ``backfill --failed
+   --dry-run``. Then ``dagster-webserver`` serves that instance and headless Chromium (Debian's,
+   through Playwright) times the pages a user opens: the partitions view of ``analysis_results``
+   until its status counts show, the backfills list until the batch's first backfill shows, and
+   that backfill's page until its header shows and until its per-asset table does, each within
+   ``--ui-timeout`` (``--skip-ui``: not these).
 2. *Sensor.* An inbox of N files registered by the inbox sensor under a real ``dagster-daemon``
    (run queue closed: ``max_concurrent_runs: 0``, so the runs it requests stay queued and what is
    measured is intake alone). It waits until all N documents are registered and reports every
