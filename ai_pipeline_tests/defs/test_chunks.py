@@ -19,9 +19,11 @@ from ai_pipeline.defs.chunks import (
 )
 from ai_pipeline.defs.dagster_private import BulkActionStatus
 from ai_pipeline.defs.site import DEFAULT_SITE
+from ai_pipeline.failures import Category
 from ai_pipeline.intake import BATCH_TAG
+from ai_pipeline.states import State
 from ai_pipeline_tests.defs.test_backfills import covered_by, daemon_env  # noqa: F401 (a fixture)
-from ai_pipeline_tests.support import make_inbox, run_cli, sample_text
+from ai_pipeline_tests.support import launcher, make_inbox, run_cli, sample_text
 
 
 @pytest.mark.parametrize(
@@ -237,3 +239,32 @@ def test_submit_wait_waits_for_every_part(
     assert out["status"] == "COMPLETED_SUCCESS"
     assert (out["total"], out["succeeded"], out["failed"], out["pending"]) == (3, 3, 0, 0)
     assert simulator.stats()["total"] == 3
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_backfill_failed_launches_many_failures_as_parts(
+    instance: dg.DagsterInstance, inbox: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Seven failed documents at three a backfill: ``backfill --failed`` launches three
+    backfills titled by part, each document in exactly one, and names them all."""
+    app = launcher(instance)
+    ids = app.register_inbox(inbox).document_ids
+    for d in ids:
+        app.store.documents.transition(d, State.RUNNING, through=State.QUEUED)
+        app.store.documents.transition(d, State.FAILED, category=Category.NETWORK_TIMEOUT)
+
+    code, out = run_cli(capsys, "backfill", "--failed", "--json")
+
+    assert code == 0
+    assert [(b["part"], b["documents"], b["launched"]) for b in out["backfills"]] == [
+        ("1/3", 3, True),
+        ("2/3", 2, True),
+        ("3/3", 2, True),
+    ]
+    found = batch_backfills(instance)
+    assert {b.backfill_id for b in found.values()} == set(out["backfill_ids"])
+    assert [found[p].title for p in ("1/3", "2/3", "3/3")] == [
+        f"failed documents, part {p}" for p in ("1/3", "2/3", "3/3")
+    ]
+    everyone = [d for b in found.values() for d in targeted(b)]
+    assert sorted(everyone) == sorted(ids)
