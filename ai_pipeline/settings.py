@@ -144,6 +144,13 @@ SETTINGS: dict[str, Setting] = {
         "the batch over the run queue's slots, so that its runs start in one wave",
         int,
     ),
+    "backfill_documents": Setting(
+        "AI_PIPELINE_BACKFILL_DOCUMENTS",
+        None,
+        "most documents in one backfill: a larger launch (a batch, backfill --failed) is "
+        "several backfills, each one's page readable in the UI; unset: 10,000",
+        int,
+    ),
     "sensor_max_files": Setting(
         "AI_PIPELINE_SENSOR_MAX_FILES",
         500,
@@ -229,6 +236,7 @@ class Settings:
     batch_api_interval_seconds: int
     sensor_max_files: int
     backfill_run_size: int | None
+    backfill_documents: int | None
     nightly_cron: str
     timezone: str
     nightly_via: str
@@ -312,6 +320,7 @@ _AT_LEAST_ONE = (
     "retry_budget",
     "lease_seconds",
     "backfill_run_size",
+    "backfill_documents",
     "sensor_max_files",
     "sensor_interval_seconds",
     "batch_api_interval_seconds",

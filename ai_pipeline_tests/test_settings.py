@@ -48,6 +48,7 @@ def test_defaults_without_environment(monkeypatch: pytest.MonkeyPatch, tmp_path:
         batch_api_interval_seconds=120,
         sensor_max_files=500,
         backfill_run_size=None,
+        backfill_documents=None,
         nightly_cron="0 2 * * *",
         timezone="UTC",
         nightly_via="sync",

@@ -3,15 +3,16 @@
 Two parts, each on a fresh DAGSTER_HOME in a temporary folder (the checkout is not touched):
 
 1. *Commands.* An inbox of N generated documents; each command runs as a user runs it (a new
-   ``ai-pipeline`` process) and is timed: ``submit`` (registration, partitions, the backfill — no
-   daemon runs, so the backfill stays queued), the same ``submit`` again (must launch nothing:
-   its backfill is still queued), then, after the results database is set to a realistic mix
-   (90 % COMPLETED, 5 % FAILED as NETWORK_TIMEOUT, the rest pending), ``status`` (default),
-   ``report``, ``batch`` and ``backfill --failed --dry-run``. Then ``dagster-webserver`` serves
-   that instance and headless Chromium (Debian's, through Playwright) times the pages a user
-   opens: the partitions view of ``analysis_results`` until its status counts show, the
-   backfills list until the batch's backfill shows, and that backfill's page (``--skip-ui``: not
-   these).
+   ``ai-pipeline`` process) and is timed: ``submit`` (registration, partitions, the backfills —
+   one per part of at most 10,000 documents; no daemon runs, so they stay queued), the same
+   ``submit`` again (must launch nothing: its backfills are still queued), then, after the
+   results database is set to a realistic mix (90 % COMPLETED, 5 % FAILED as NETWORK_TIMEOUT,
+   the rest pending), ``status`` (default), ``report``, ``batch`` and ``backfill --failed
+   --dry-run``. Then ``dagster-webserver`` serves that instance and headless Chromium (Debian's,
+   through Playwright) times the pages a user opens: the partitions view of ``analysis_results``
+   until its status counts show, the backfills list until the batch's first backfill shows, and
+   that backfill's page until its header shows and until its per-asset table does, each within
+   ``--ui-timeout`` (``--skip-ui``: not these).
 2. *Sensor.* An inbox of N files registered by the inbox sensor under a real ``dagster-daemon``
    (run queue closed: ``max_concurrent_runs: 0``, so the runs it requests stay queued and what is
    measured is intake alone). It waits until all N documents are registered and reports every
@@ -19,7 +20,7 @@ Two parts, each on a fresh DAGSTER_HOME in a temporary folder (the checkout is n
 
     python benchmarks/scale.py [--documents 100000] [--sensor-documents N] [--max-files 500]
                                [--sensor-interval 5] [--skip-commands] [--skip-sensor]
-                               [--skip-ui] [--json]
+                               [--skip-ui] [--ui-timeout 240] [--json]
 
 Exit code 0 when every check holds (re-submit launched nothing, every document registered, no
 tick failed), 1 otherwise.
@@ -28,6 +29,7 @@ tick failed), 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -50,7 +52,6 @@ from throughput import (  # noqa: E402
 )
 
 CLI = [sys.executable, "-m", "ai_pipeline.cli"]
-UI_TIMEOUT_MS = 300_000
 
 
 def fresh_home(root: Path, *, max_concurrent_runs: int = 4) -> Path:
@@ -99,11 +100,19 @@ def mix_states(database: Path) -> dict[str, int]:
         return dict(conn.execute("SELECT state, count(*) FROM documents GROUP BY state"))
 
 
-def ui_pages(home: Path, env: dict[str, str], backfill_id: str, n: int) -> dict[str, float]:
+def ui_pages(
+    home: Path, env: dict[str, str], backfill_ids: list[str], timeout_s: float
+) -> dict[str, float | str]:
     """Seconds until each page shows what a user opened it for, in a fresh browser per page (no
-    cache), against ``dagster-webserver`` on this instance."""
+    cache), against ``dagster-webserver`` on this instance; "not shown within X s" when it did
+    not within ``timeout_s``. A backfill's page (the batch's first) is timed twice: until its
+    header's partition count shows, and until its content — the per-asset table of partitions
+    targeted, in progress, succeeded, failed — does (what an operator follows a batch by); then,
+    for ``POLL_WATCH_S`` more, the GraphQL answers the page polls for are weighed: the largest,
+    in kB (``ui_backfill_largest_answer_kb``)."""
     import re
 
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import expect
 
     sys.path.insert(0, str(REPO))  # the test helpers' package, beside the product's
@@ -112,6 +121,7 @@ def ui_pages(home: Path, env: dict[str, str], backfill_id: str, n: int) -> dict[
 
     if chromium_missing():
         raise SystemExit(f"FAILED: {chromium_missing()} (or run with --skip-ui)")
+    first = backfill_ids[0]
     pages = {
         "ui_partitions_page_s": (
             "/assets/analysis_results?view=partitions",
@@ -119,38 +129,73 @@ def ui_pages(home: Path, env: dict[str, str], backfill_id: str, n: int) -> dict[
         ),
         "ui_backfills_page_s": (
             "/overview/backfills",
-            lambda page: page.get_by_text(backfill_id).first,
+            lambda page: page.get_by_text(first).first,
         ),
-        "ui_backfill_page_s": (
-            f"/runs/b/{backfill_id}",
-            lambda page: page.get_by_text(f"{n:,}").first,
+        "ui_backfill_header_s": (
+            f"/runs/b/{first}",
+            lambda page: page.get_by_text(re.compile(r"^[\d,]+ partitions$")).first,
+        ),
+        "ui_backfill_content_s": (
+            f"/runs/b/{first}",
+            lambda page: page.get_by_text(re.compile(r"^\d+% completed$")).first,
         ),
     }
+    timeout_ms = int(timeout_s * 1000)
     web = DagsterProcess.webserver(home.parent / "webserver.log", env=env)
-    out: dict[str, float] = {}
+    out: dict[str, float | str] = {}
     try:
         web.start()
         web.wait_ready(300, locations_loaded=True)
         for key, (path, shown) in pages.items():
-            with chromium_page(home.parent / f"chromium-{key}", UI_TIMEOUT_MS) as page:
+            with chromium_page(home.parent / f"chromium-{key}", timeout_ms) as page:
+                answers: list[Any] = []
+                page.on("response", functools.partial(list.append, answers))
                 start = time.perf_counter()
                 page.goto(f"{web.url}{path}")
-                expect(shown(page)).to_be_visible(timeout=UI_TIMEOUT_MS)
-                out[key] = round(time.perf_counter() - start, 2)
+                try:
+                    expect(shown(page)).to_be_visible(timeout=timeout_ms)
+                    out[key] = round(time.perf_counter() - start, 2)
+                except (AssertionError, PlaywrightTimeout):
+                    out[key] = f"not shown within {timeout_s:g} s"
+                if key == "ui_backfill_content_s":
+                    out["ui_backfill_largest_answer_kb"] = largest_graphql_answer_kb(page, answers)
     finally:
         web.stop()
     return out
 
 
-def commands(root: Path, n: int, ui: bool) -> dict[str, Any]:
+# Seconds a backfill's page is watched after it showed, to weigh what it polls for.
+POLL_WATCH_S = 10
+
+
+def largest_graphql_answer_kb(page: Any, answers: list[Any]) -> float:
+    """The largest GraphQL answer the page received, ``POLL_WATCH_S`` from now, in kB."""
+    page.wait_for_timeout(POLL_WATCH_S * 1000)
+    sizes = [0]
+    for answer in list(answers):
+        if "/graphql" in answer.url:
+            try:
+                sizes.append(len(answer.body()))
+            except Exception:  # an answer the browser dropped (a poll cut short): no body
+                continue
+    return round(max(sizes) / 1000, 1)
+
+
+def launched(submitted: dict[str, Any]) -> list[str]:
+    """The backfills a ``submit`` names: all its chunks' (``backfill_ids``), or its one."""
+    return list(submitted.get("backfill_ids") or [submitted["backfill_id"]])
+
+
+def commands(root: Path, n: int, ui_timeout: float | None) -> dict[str, Any]:
     home = fresh_home(root / "commands")
     env = environment(home)
     inbox = make_inbox(root / "commands" / "inbox", range(n))
     out: dict[str, Any] = {}
     out["submit_s"], first = timed(["submit", str(inbox), "--batch", "scale"], env)
     out["resubmit_s"], again = timed(["submit", str(inbox), "--batch", "scale"], env)
+    out["backfills"] = len(launched(first))
     out["resubmit_launched_nothing"] = bool(
-        again["already_running"] and again["backfill_id"] == first["backfill_id"]
+        again["already_running"] and launched(again) == launched(first)
     )
     out["states"] = mix_states(home / "ai_pipeline.sqlite")
     out["status_s"], status = timed(["status"], env)
@@ -159,8 +204,8 @@ def commands(root: Path, n: int, ui: bool) -> dict[str, Any]:
     out["batch_s"], _ = timed(["batch", first["batch_id"]], env)
     out["backfill_dry_run_s"], plan = timed(["backfill", "--failed", "--dry-run"], env)
     out["backfill_selected"] = len(plan["selected"])
-    if ui:
-        out.update(ui_pages(home, env, first["backfill_id"], n))
+    if ui_timeout is not None:
+        out.update(ui_pages(home, env, launched(first), ui_timeout))
     out["checks"] = {
         "registered": first["total"] == n,
         "resubmit_launched_nothing": out["resubmit_launched_nothing"],
@@ -259,13 +304,18 @@ def main() -> int:
     parser.add_argument("--skip-commands", action="store_true")
     parser.add_argument("--skip-sensor", action="store_true")
     parser.add_argument("--skip-ui", action="store_true", help="no page timings in a browser")
+    parser.add_argument(
+        "--ui-timeout", type=float, default=240, help="seconds a page may take to show (240)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     report: dict[str, Any] = report_header()
     root = Path(tempfile.mkdtemp(prefix="aip-scale-"))
     try:
         if not args.skip_commands:
-            report["commands"] = commands(root, args.documents, not args.skip_ui)
+            report["commands"] = commands(
+                root, args.documents, None if args.skip_ui else args.ui_timeout
+            )
         if not args.skip_sensor:
             report["sensor"] = sensor(
                 root,

@@ -20,6 +20,7 @@ from ai_pipeline.cli.common import (
     categories,
     exit_code,
     launcher,
+    print_backfills,
     print_batch_api,
     print_json,
     print_table,
@@ -81,10 +82,10 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         for d in out["skipped"]:
             print(f"  - {d['document_id']}  {d['skipped']}")
         print_batch_api(out)
+        print_backfills(out)
         if out["backfill_id"]:
-            print(f"backfill {out['backfill_id']} launched (the daemon runs it; see Backfills)")
+            print("the daemon runs them; see the UI's Backfills page")
         if "status" in out:
-            print(f"backfill {out['backfill_id']}: {out['status']}")
             print_table(out)
     return exit_code(out) if "status" in out else EXIT_OK
 
@@ -116,7 +117,8 @@ def add_commands(sub: Any) -> None:
         help="rerun failed (or stale) documents as a Dagster backfill",
         description="Select documents that failed (in Dagster or here), by category and time, and "
         "launch a real Dagster backfill for them (the daemon runs it; it shows on the UI's "
-        f"Backfills page). By default the categories that need a person are left out "
+        f"Backfills page; more than AI_PIPELINE_BACKFILL_DOCUMENTS, 10,000, are several, titled by "
+        "part). By default the categories that need a person are left out "
         f"({NEEDS_PERSON}), and so are BUDGET_REACHED ones unless selected by --category with "
         "a budget (--budget-tokens/--budget-usd, shared by all the backfill's runs); DEAD_LETTER "
         "documents always are. --stale selects instead the "
@@ -134,7 +136,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the plan, launch nothing")
     add_budget_flags(p, "the backfill (all its runs together)")
     add_via_flag(p, "the selected documents")
-    add_wait_flags(p, "the backfill")
+    add_wait_flags(p, "its backfills")
     add_output_flags(p)
     p.set_defaults(func=cmd_backfill)
 

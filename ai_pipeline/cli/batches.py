@@ -16,6 +16,7 @@ from ai_pipeline.cli.common import (
     api_key_for,
     budget_of,
     launcher,
+    print_backfills,
     print_batch_api,
     print_json,
     print_spend,
@@ -32,6 +33,11 @@ def _print_batch(summary: dict[str, Any]) -> None:
     for d, f in summary["failures"].items():
         print(f"  {d}  {f['category']}: {f['error']}")
     print_spend(summary)
+
+
+def _backfills(out: dict[str, Any]) -> str:
+    ids = out["backfill_ids"]
+    return f"backfill {ids[0]} is" if len(ids) == 1 else f"{len(ids)} backfills are"
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -52,8 +58,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     else:
         if out["already_running"]:
             print(
-                f"batch {out['batch_id']} ({args.batch}): {out['total']} documents; its backfill "
-                f"{out['backfill_id']} is still queued or running, nothing new launched"
+                f"batch {out['batch_id']} ({args.batch}): {out['total']} documents; its "
+                f"{_backfills(out)} still queued or running, nothing new launched"
             )
         else:
             print(
@@ -61,10 +67,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 f"{out['pending_at_submit']} submitted for analysis"
             )
         print_batch_api(out)
-        if out["backfill_id"]:
-            print(
-                f"backfill {out['backfill_id']}; follow it with: ai-pipeline batch {out['batch_id']}"
-            )
+        print_backfills(out)
+        if out["backfill_ids"]:
+            print(f"follow it with: ai-pipeline batch {out['batch_id']}")
         _print_batch(out)
     if "status" in out:
         # Waited for: 1 when a document of the batch failed or is still not done, like run and
@@ -80,14 +85,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    from ai_pipeline.defs.relaunch import batch_summary
+    from ai_pipeline.defs.relaunch import batch_report
 
-    summary = batch_summary(launcher(args), args.batch_id)
+    summary = batch_report(launcher(args), args.batch_id)
     if args.json:
         print_json(summary)
     else:
         print(f"batch {summary['batch_id']} ({summary['name']})")
         _print_batch(summary)
+        for b in summary["backfills"]:
+            print(f"  backfill {b['backfill_id']}  {b['status']:<17} {b['title']}")
     return EXIT_OK
 
 
@@ -133,22 +140,25 @@ def add_commands(sub: Any) -> None:
         "submit",
         help="submit a folder as a named batch (a Dagster backfill)",
         description="Register the folder's files and launch a backfill for the documents not yet "
-        "completed. The batch id is derived from the sorted document ids, so submitting the same "
-        "documents again names the same batch and resumes only what is pending.",
+        "completed: several, titled by part, when there are more than AI_PIPELINE_BACKFILL_DOCUMENTS "
+        "(10,000). The batch id is derived from the sorted document ids, so submitting the same "
+        "documents again names the same batch and resumes only what is pending; a part whose "
+        "backfill is still queued or running gets nothing new.",
     )
     p.add_argument("inbox", metavar="DIR", help="folder of documents (searched recursively)")
     p.add_argument("--batch", required=True, metavar="NAME", help="a name for people")
     add_budget_flags(p, "the batch (every run of it, now and later)")
     add_via_flag(p, "the batch's pending documents")
-    add_wait_flags(p, "the backfill")
+    add_wait_flags(p, "its backfills")
     add_output_flags(p)
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser(
         "batch",
-        help="a batch's totals: succeeded, failed, pending, failed ids",
-        description="Report a submitted batch: total / succeeded / failed / pending, and why each "
-        "failed document failed.",
+        help="a batch's totals: succeeded, failed, pending, failed ids, its backfills",
+        description="Report a submitted batch: total / succeeded / failed / pending, why each "
+        "failed document failed, and each of its backfills (id, status, title: the pages to open "
+        "in the UI).",
     )
     p.add_argument("batch_id", metavar="BATCH_ID", help="the batch id submit printed")
     add_output_flags(p)

@@ -206,6 +206,17 @@ def api_key_for(args: argparse.Namespace) -> str | None:
     return os.environ.get("OPENAI_API_KEY") if getattr(args, "via", "sync") == "batch" else None
 
 
+def print_backfills(out: dict[str, Any]) -> None:
+    """A launch's backfills, one line each: id, part, documents, launched now or found running,
+    and (waited for) the status it ended in."""
+    statuses = out.get("statuses", {})
+    for b in out.get("backfills", []):
+        what = "launched" if b["launched"] else "still queued or running"
+        part = f"part {b['part']}, " if b["part"] != "1/1" else ""
+        end = f": {statuses[b['backfill_id']]}" if b["backfill_id"] in statuses else ""
+        print(f"backfill {b['backfill_id']} ({part}{b['documents']} documents) {what}{end}")
+
+
 def print_batch_api(out: dict[str, Any]) -> None:
     """What a launch ``--via batch`` sent, in a line or two."""
     sent = out.get("batch_api")

@@ -41,7 +41,6 @@ import dagster as dg
 
 from ai_pipeline.defs.dagster_private import (
     BULK_ACTION_TERMINAL_STATUSES,
-    BulkActionsFilter,
     BulkActionStatus,
     PartitionBackfill,
     make_new_backfill_id,
@@ -248,11 +247,13 @@ def _with_planned_runs(
     backfill: Any,
     document_ids: Sequence[str],
     site: Site,
+    run_size: int | None = None,
 ) -> Any:
-    """``backfill`` handed to the daemon with its runs planned (``plan_runs``): the daemon
-    submits them as it resumes a backfill whose runs it had planned, and plans none itself."""
+    """``backfill`` handed to the daemon with its runs planned (``plan_runs``) in runs of
+    ``run_size`` (None: ``planned_run_size``): the daemon submits them as it resumes a backfill
+    whose runs it had planned, and plans none itself."""
     keys = instance.get_dynamic_partitions(site.partitions)
-    run_size = planned_run_size(instance, len(document_ids))
+    run_size = run_size or planned_run_size(instance, len(document_ids))
     position = {key: i for i, key in enumerate(keys)}
     check_keys = list(asset_graph.get_check_keys_for_assets(set(site.keys)))
     requests = [
@@ -280,11 +281,13 @@ def launch_backfill(
     backfill_id: str | None = None,
     include: Sequence[dg.AssetKey] = (),
     site: Site = DEFAULT_SITE,
+    run_size: int | None = None,
 ) -> str:
     """Create an asset backfill of the analysis assets (and ``include``) for these documents; the
     daemon runs it. ``asset_graph`` is the code location's (``repository_def.asset_graph``).
     Without ``include``, its runs are planned here (``plan_runs``): as many as the run size
-    needs, wherever the documents are; with it, Dagster plans them.
+    needs (``run_size``, or ``planned_run_size``), wherever the documents are; with it, Dagster
+    plans them.
 
     Returns the backfill id; when ``backfill_id`` names an existing backfill nothing new is made
     (a retried schedule tick must not launch twice).
@@ -306,22 +309,9 @@ def launch_backfill(
         run_config=None,
     )
     if not include:
-        backfill = _with_planned_runs(instance, asset_graph, backfill, document_ids, site)
+        backfill = _with_planned_runs(instance, asset_graph, backfill, document_ids, site, run_size)
     instance.add_backfill(backfill)
     return backfill_id
-
-
-def active_backfill(
-    instance: dg.DagsterInstance, tag: str, value: str, *, analysis: str | None = None
-) -> str | None:
-    """The id of a backfill tagged ``tag=value`` (and, when given, of the analysis ``analysis``)
-    that is not over (queued or running), if any."""
-    active = [s for s in BulkActionStatus if s not in BULK_ACTION_TERMINAL_STATUSES]
-    for backfill in instance.get_backfills(filters=BulkActionsFilter(statuses=active)):
-        mine = analysis is None or backfill.tags.get(ANALYSIS_TAG, analysis) == analysis
-        if backfill.tags.get(tag) == value and mine:
-            return str(backfill.backfill_id)
-    return None
 
 
 def backfill_ended(backfill: Any) -> bool:

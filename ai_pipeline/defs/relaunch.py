@@ -16,11 +16,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ai_pipeline.defs.backfills import (
-    active_backfill,
-    launch_backfill,
-    plan_failed_backfill,
-    settled_once_runs_end,
+from ai_pipeline.defs.backfills import plan_failed_backfill
+from ai_pipeline.defs.chunks import (
+    Chunk,
+    Launched,
+    batch_backfill_list,
+    documents_per_backfill,
+    launch_chunks,
+    plan_batch,
+    split,
 )
 from ai_pipeline.defs.launch import Launcher, failure_of
 from ai_pipeline.documents import display_path
@@ -72,6 +76,7 @@ def backfill_failed(
         "selected": [c.as_dict() for c in plan.selected],
         "skipped": [c.as_dict() for c in plan.skipped],
         "backfill_id": None,
+        "backfill_ids": [],
         "budget": None,
     }
     if dry_run or not plan.selected:
@@ -85,11 +90,11 @@ def backfill_failed(
             key, tokens=budget.tokens, usd=budget.usd
         ).as_dict()
         tags[BUDGET_TAG] = key
-    out.update(
-        _launch(launcher, plan.document_ids, title=title, tags=tags, via=via, api_key=api_key)
+    launched = _launch(
+        launcher, out, plan.document_ids, title=title, tags=tags, via=via, api_key=api_key
     )
     if wait:
-        out["status"] = _wait(launcher, out, plan.document_ids, timeout)
+        _wait(launcher, out, launched, plan.document_ids, timeout)
         out.update(status_report(launcher.store, plan.document_ids))
     return out
 
@@ -128,13 +133,14 @@ def backfill_stale(
         "selected": selected,
         "skipped": [],
         "backfill_id": None,
+        "backfill_ids": [],
     }
     if dry_run or not ids:
         return out
     title = f"stale analyses (now prompt {version}, model {model})"
-    out.update(_launch(launcher, ids, title=title, tags={}, via=via, api_key=api_key))
+    launched = _launch(launcher, out, ids, title=title, tags={}, via=via, api_key=api_key)
     if wait:
-        out["status"] = _wait(launcher, out, ids, timeout)
+        _wait(launcher, out, launched, ids, timeout)
         out.update(status_report(launcher.store, ids))
     return out
 
@@ -163,53 +169,52 @@ def submit_batch(
             batch_budget_key(batch_id), tokens=budget.tokens, usd=budget.usd
         )
     pending = launcher.not_done(document_ids)
-    out: dict[str, Any] = {
-        "pending_at_submit": len(pending),
-        "backfill_id": None,
-        "already_running": False,
-    }
-    running = (
-        active_backfill(
-            launcher.instance, BATCH_TAG, batch_id, analysis=launcher.settings.declaration.name
-        )
-        if pending
-        else None
+    documents = launcher.store.documents
+    plan = plan_batch(
+        launcher.instance,
+        batch_id,
+        document_ids,
+        pending,
+        most=documents_per_backfill(launcher.settings),
+        ended_in=documents.ended_in,
+        not_done=launcher.not_done,
+        site=launcher.site,
     )
-    if running and settled_once_runs_end(
-        launcher.instance, running, lambda runs: launcher.store.documents.ended_in(pending, runs)
-    ):
-        # Its runs are over and ended every document still pending (a `--wait` may have
-        # returned on that already, before they closed): only the daemon's record says
-        # running. A new backfill, for what those runs left pending.
-        running = None
-        pending = launcher.not_done(document_ids)
-        out["pending_at_submit"] = len(pending)
-    if running:
-        # The batch's backfill is still queued or running: it covers these documents.
-        out.update(backfill_id=running, already_running=True)
+    waiting = set(pending)
+    out: dict[str, Any] = {
+        # What is launched now, and what the backfills found running hold.
+        "pending_at_submit": len(plan.pending)
+        + sum(1 for b in plan.running for d in b.chunk.document_ids if d in waiting),
+        "already_running": bool(plan.running) and not plan.to_launch,
+    }
+    for b in plan.running:
+        # The part's backfill is still queued or running: it covers its documents.
         launcher.progress(
-            f"batch {name}: backfill {running} is still queued or running; nothing new launched"
+            f"batch {name}: backfill {b.backfill_id} (part {b.chunk.label}) is still queued or "
+            "running; nothing new launched for it"
         )
-    elif pending:
-        out.update(
-            _launch(
-                launcher,
-                pending,
-                title=f"batch {name}",
-                tags={BATCH_TAG: batch_id},
-                via=via,
-                api_key=api_key,
-                budget_keys=[batch_budget_key(batch_id)] if budget is not None else [],
-            )
-        )
-    if wait and "batch_api" in out:
-        out["status"] = _wait(launcher, out, pending, timeout)
-    elif wait and out["backfill_id"]:
-        # A backfill found running covers the batch's pending documents as they were then.
-        targeted = None if out["already_running"] else pending
-        out["status"] = launcher.wait(out["backfill_id"], document_ids, timeout, targeted)
+    launched = _launch(
+        launcher,
+        out,
+        plan.pending,
+        title=f"batch {name}",
+        tags={BATCH_TAG: batch_id},
+        via=via,
+        api_key=api_key,
+        budget_keys=[batch_budget_key(batch_id)] if budget is not None else [],
+        parts=list(zip(plan.to_launch, plan.ids, strict=True)),
+        running=plan.running,
+    )
+    if wait:
+        _wait(launcher, out, launched, plan.pending, timeout, shown=document_ids)
     out.update(batch_summary(launcher, batch_id))
     return out
+
+
+def batch_report(launcher: Launcher, batch_id: str) -> dict[str, Any]:
+    """``batch_summary``, and every backfill of the batch (``batch_backfill_list``)."""
+    summary = batch_summary(launcher, batch_id)
+    return {**summary, "backfills": batch_backfill_list(launcher.instance, batch_id)}
 
 
 def batch_summary(launcher: Launcher, batch_id: str) -> dict[str, Any]:
@@ -239,6 +244,7 @@ def batch_summary(launcher: Launcher, batch_id: str) -> dict[str, Any]:
 
 def _launch(
     launcher: Launcher,
+    out: dict[str, Any],
     document_ids: Sequence[str],
     *,
     title: str,
@@ -246,25 +252,84 @@ def _launch(
     via: str,
     api_key: str | None,
     budget_keys: Sequence[str] = (),
-) -> dict[str, Any]:
-    """Launch these documents' analysis: a backfill (SYNC), or (BATCH_API) Batch API jobs and
-    a backfill of what cannot go in one. ``backfill_id`` (None: no backfill) and, by batch,
-    ``batch_api``: what was sent (``ai_pipeline.openai_batch.operations.submit``)."""
+    parts: Sequence[tuple[Chunk, str]] = (),
+    running: Sequence[Launched] = (),
+) -> list[Launched]:
+    """Launch these documents' analysis: backfills (SYNC) of at most ``documents_per_backfill``
+    each (``parts``: those chunks, with their ids), or (BATCH_API) Batch API jobs and backfills
+    of what cannot go in one. Records in ``out`` the backfills (``_named``; ``running``: those a
+    batch's parts already have, first) and, by batch, ``batch_api``: what was sent
+    (``ai_pipeline.openai_batch.operations.submit``). Returns the backfills."""
     if via not in VIA:
         raise InputError(f"via {via!r}: one of {', '.join(VIA)}")
 
-    def backfill(ids: Sequence[str], title: str) -> str:
-        return launch_backfill(
-            launcher.instance,
-            launcher.asset_graph,
-            ids,
-            title=title,
-            tags=dict(tags),
-            site=launcher.site,
-        )
+    def backfills(ids: Sequence[str], title: str) -> list[Launched]:
+        chunks = split(ids, documents_per_backfill(launcher.settings))
+        return _backfills(launcher, chunks, [None] * len(chunks), title, tags)
 
-    if via == SYNC:
-        return {"backfill_id": backfill(document_ids, title)}
+    launched: list[Launched] = list(running)
+    if not document_ids:
+        pass
+    elif via == SYNC and parts:
+        chunks, ids = zip(*parts, strict=True)
+        launched += _backfills(launcher, chunks, ids, title, tags)
+    elif via == SYNC:
+        launched += backfills(document_ids, title)
+    else:
+        out["batch_api"] = sent = _send_to_batch_api(
+            launcher, document_ids, api_key, tags, budget_keys
+        )
+        rest = [d for d in document_ids if d in set(sent["left_to_sync"])]
+        launched += backfills(rest, f"{title} (not by batch)")
+    out.update(_named(launched))
+    return launched
+
+
+def _backfills(
+    launcher: Launcher,
+    chunks: Sequence[Chunk],
+    ids: Sequence[str | None],
+    title: str,
+    tags: Mapping[str, str],
+) -> list[Launched]:
+    launched = launch_chunks(
+        launcher.instance,
+        launcher.asset_graph,
+        chunks,
+        title=title,
+        tags=tags,
+        ids=ids,
+        site=launcher.site,
+    )
+    if len(launched) > 1:
+        launcher.progress(
+            f"{sum(len(c.document_ids) for c in chunks)} documents in {len(launched)} backfills "
+            f"of at most {max(len(c.document_ids) for c in chunks)}: "
+            + ", ".join(b.backfill_id for b in launched)
+        )
+    return launched
+
+
+def _named(launched: Sequence[Launched]) -> dict[str, Any]:
+    """What a launch reports of its backfills: ``backfill_id`` (the first, None: no backfill),
+    ``backfill_ids`` (all of them, part by part) and ``backfills`` (each one's part, documents,
+    and whether it was launched now or found still queued or running)."""
+    ids = [b.backfill_id for b in launched]
+    return {
+        "backfill_id": ids[0] if ids else None,
+        "backfill_ids": ids,
+        "backfills": [b.as_dict() for b in launched],
+    }
+
+
+def _send_to_batch_api(
+    launcher: Launcher,
+    document_ids: Sequence[str],
+    api_key: str | None,
+    tags: Mapping[str, str],
+    budget_keys: Sequence[str],
+) -> dict[str, Any]:
+    """Hand these documents to Batch API jobs, under the launch's budgets."""
     if not api_key:
         raise InputError("the Batch API needs the endpoint's key: OPENAI_API_KEY is not set")
     settings = launcher.settings
@@ -281,24 +346,45 @@ def _launch(
         f"{sent['tasks']} documents sent in {len(sent['jobs'])} Batch API jobs "
         f"({sent['in_open_jobs']} in open jobs already); its sensor runs them when answered"
     )
-    rest = [d for d in document_ids if d in set(sent["left_to_sync"])]
     sent["sent_at"] = sent_at.isoformat()
-    return {
-        "backfill_id": backfill(rest, f"{title} (not by batch)") if rest else None,
-        "batch_api": sent,
-    }
+    return dict(sent)
 
 
 def _wait(
-    launcher: Launcher, out: Mapping[str, Any], document_ids: Sequence[str], timeout: float
-) -> str:
-    """Wait for a launch: its backfill, or (by batch) until its documents settle."""
-    if "batch_api" not in out:
-        return launcher.wait(out["backfill_id"], document_ids, timeout)
-    sent = out["batch_api"]
-    since = datetime.fromisoformat(sent["sent_at"]).timestamp()
-    documents = [*sent["documents_in_jobs"], *sent["left_to_sync"]]
-    return wait_for_batch_api(launcher, documents, timeout, since=since)
+    launcher: Launcher,
+    out: dict[str, Any],
+    launched: Sequence[Launched],
+    document_ids: Sequence[str],
+    timeout: float,
+    *,
+    shown: Sequence[str] | None = None,
+) -> None:
+    """Wait for a launch — each of its backfills in turn, within one ``timeout``, showing the
+    progress of ``shown`` (default: ``document_ids``), or (by batch) until its documents
+    settle — and record in ``out`` the ``status`` it ended in: the one all its backfills ended
+    in, else the first other than COMPLETED_SUCCESS (and each one's in ``statuses``)."""
+    if "batch_api" in out:
+        sent = out["batch_api"]
+        since = datetime.fromisoformat(sent["sent_at"]).timestamp()
+        documents = [*sent["documents_in_jobs"], *sent["left_to_sync"]]
+        out["status"] = wait_for_batch_api(launcher, documents, timeout, since=since)
+        return
+    if not launched:
+        return
+    deadline = time.monotonic() + timeout
+    statuses = {
+        b.backfill_id: launcher.wait(
+            b.backfill_id,
+            shown if shown is not None else document_ids,
+            max(0.0, deadline - time.monotonic()),
+            b.chunk.document_ids,
+        )
+        for b in launched
+    }
+    out["statuses"] = statuses
+    out["status"] = next(
+        (s for s in statuses.values() if s != "COMPLETED_SUCCESS"), "COMPLETED_SUCCESS"
+    )
 
 
 # Where a document handed to the Batch API may stand while it waits for its job and its run.
