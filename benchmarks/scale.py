@@ -237,7 +237,14 @@ def registered(database: Path) -> int:
         return 0
 
 
-def sensor(root: Path, n: int, max_files: int, interval: int, timeout: float) -> dict[str, Any]:
+def sensor(
+    root: Path,
+    n: int,
+    max_files: int,
+    interval: int,
+    timeout: float,
+    documents_per_run: int | None = None,
+) -> dict[str, Any]:
     home = fresh_home(root / "sensor", max_concurrent_runs=0)
     inbox = make_inbox(root / "sensor" / "inbox", range(n))
     env = environment(
@@ -246,6 +253,8 @@ def sensor(root: Path, n: int, max_files: int, interval: int, timeout: float) ->
         AI_PIPELINE_SENSOR_INTERVAL=str(interval),
         AI_PIPELINE_SENSOR_MAX_FILES=str(max_files),
     )
+    if documents_per_run is not None:
+        env["AI_PIPELINE_DOCUMENTS_PER_RUN"] = str(documents_per_run)
     start = time.perf_counter()
     with dagster_daemon(env, root / "sensor" / "daemon.log") as daemon:
         while registered(home / "ai_pipeline.sqlite") < n:
@@ -301,6 +310,11 @@ def main() -> int:
     parser.add_argument("--max-files", type=int, default=500, help="AI_PIPELINE_SENSOR_MAX_FILES")
     parser.add_argument("--sensor-interval", type=int, default=5, help="seconds between ticks")
     parser.add_argument("--sensor-timeout", type=float, default=3600)
+    parser.add_argument(
+        "--documents-per-run",
+        type=int,
+        help="AI_PIPELINE_DOCUMENTS_PER_RUN for the sensor (default: unset, the product's choice)",
+    )
     parser.add_argument("--skip-commands", action="store_true")
     parser.add_argument("--skip-sensor", action="store_true")
     parser.add_argument("--skip-ui", action="store_true", help="no page timings in a browser")
@@ -323,6 +337,7 @@ def main() -> int:
                 args.max_files,
                 args.sensor_interval,
                 args.sensor_timeout,
+                args.documents_per_run,
             )
     finally:
         shutil.rmtree(root, ignore_errors=True)
