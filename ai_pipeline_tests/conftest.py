@@ -41,6 +41,34 @@ from ai_pipeline_tests.support import (
 set_dagster_switches()
 
 
+def _read_migrations_once() -> None:
+    """In this process, read each folder of Dagster's alembic migrations once.
+
+    Every Dagster storage a test opens checks (or stamps) its schema's alembic revision, and alembic
+    builds a ``ScriptDirectory`` for that each time, executing every migration file of the folder
+    again: about a sixth of an in-process test's CPU (py-spy over the category, notification and
+    checklist tests), paid for each instance and each run's event-log shard. What it reads is the
+    installed package's files, the same for the whole session; the revision it finds, the stamp
+    and the database are unchanged. The processes the tests start (daemons, run workers, commands)
+    read them as a deployment's do.
+    """
+    from alembic.script import ScriptDirectory
+
+    build = ScriptDirectory.from_config.__func__  # type: ignore[attr-defined]
+    read: dict[str, ScriptDirectory] = {}
+
+    def from_config(cls: type[ScriptDirectory], config: Any) -> ScriptDirectory:
+        location = config.get_alembic_option("script_location")
+        if location not in read:
+            read[location] = build(cls, config)
+        return read[location]
+
+    ScriptDirectory.from_config = classmethod(from_config)  # type: ignore[method-assign,assignment]
+
+
+_read_migrations_once()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Spread the long tests (those that start Dagster processes, then the other slow ones) over
     the first part of the run, a few short ones between two of them. With ``--maxschedchunk 2``
