@@ -83,6 +83,12 @@ def test_two_analyses_pay_once_each_and_go_stale_on_their_own(
         counts = status(project, dagster_home, analysis)["counts"]
         return int(counts["by_state"].get("COMPLETED", 0))
 
+    def answered() -> bool:
+        counts = calls_by_analysis(simulator)
+        return counts["ticket_triage"] >= DOCUMENTS and counts["contract_review"] >= 2 * DOCUMENTS
+
+    # The calls first, counted in this process; then the states, each look a command of its own.
+    wait_for(team_daemon, "the calls of both analyses", answered)
     for analysis in ANALYSES:
         wait_for(team_daemon, f"{analysis} done", lambda a=analysis: completed(a) == DOCUMENTS)
     first = calls_by_analysis(simulator)
