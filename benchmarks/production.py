@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from throughput import (  # noqa: E402
     REPO,
+    daemon_serving,
     dagster_daemon,
     instance_yaml,
     make_inbox,
@@ -310,7 +311,7 @@ def one_pass(
 
     requests_before = simulator.stats()["total"]
     with dagster_daemon(env, root / name / "daemon.log"):
-        time.sleep(3)  # the daemon's first heartbeat; the submit below does not wait for it
+        daemon_serving(home, env)
         with ProcessWatch() as watch:
             started, started_epoch = time.perf_counter(), time.time()
             first = submit("--timeout", "36000")

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from throughput import (  # noqa: E402
     REPO,
+    daemon_serving,
     dagster_daemon,
     document_id,
     instance_yaml,
@@ -134,11 +135,18 @@ def main() -> int:
     parser.add_argument("--latency-ms", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=16, help="total LLM calls in flight")
     parser.add_argument("--runs", type=int, default=4, help="runs at once (max_concurrent_runs)")
-    parser.add_argument("--run-size", type=int, default=100, help="documents per backfill run")
+    parser.add_argument(
+        "--run-size",
+        type=int,
+        default=None,
+        help="documents per backfill run (AI_PIPELINE_BACKFILL_RUN_SIZE); default: unset, so the "
+        "product sizes each backfill's runs to fill the run slots",
+    )
     parser.add_argument("--via", choices=["cli", "ui"], default="cli")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
+    from ai_pipeline.defs.backfills import backfill_run_size
     from ai_pipeline.rehearsal.faults import SimulatorConfig
     from ai_pipeline.rehearsal.simulator import SimulatorServer
 
@@ -161,7 +169,7 @@ def main() -> int:
                 AI_PIPELINE_DATABASE_URL=f"sqlite:///{home / 'ai_pipeline.sqlite'}",
                 AI_PIPELINE_SETTLE_SECONDS="0",
                 AI_PIPELINE_LLM_CONCURRENCY=str(max(1, args.concurrency // args.runs)),
-                AI_PIPELINE_BACKFILL_RUN_SIZE=str(args.run_size),
+                **({"AI_PIPELINE_BACKFILL_RUN_SIZE": str(args.run_size)} if args.run_size else {}),
                 DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS="1",
                 OPENAI_BASE_URL=simulator.base_url,
                 OPENAI_API_KEY=API_KEY,
@@ -171,7 +179,7 @@ def main() -> int:
                 [{"kind": "status", "status": 503, "match": d, "times": 3} for d in failing]
             )
             with dagster_daemon(env, root / "daemon.log"):
-                time.sleep(3)  # the daemon's first heartbeat
+                daemon_serving(home, env)
                 started = time.perf_counter()
                 first = _cli(env, "submit", str(inbox), "--batch", "scattered", "--wait", "--json")
                 first_wall = time.perf_counter() - started
@@ -194,7 +202,11 @@ def main() -> int:
     failed = len(selected)
     first_per_doc = first_wall / args.documents
     rerun_per_doc = rerun_wall / max(1, failed)
-    bound = math.ceil(failed / args.run_size) + args.runs
+    # The rerun's run size: the one set, or the one the product chose for the failed documents.
+    run_size = args.run_size or backfill_run_size(
+        failed, args.runs, max(1, args.concurrency // args.runs)
+    )
+    bound = math.ceil(failed / max(1, run_size)) + args.runs
     report.update(
         {
             "first_pass": {

@@ -292,6 +292,25 @@ def dagster_daemon(env: dict[str, str], log_path: Path) -> Iterator[subprocess.P
         yield daemon
 
 
+def daemon_serving(home: Path, env: dict[str, str], timeout: float = 120.0) -> float:
+    """Waits until the daemon evaluates the code location's sensors (its reconcile sensor has
+    begun a tick), as a deployment's daemon does before batches arrive; returns the seconds waited."""
+    import dagster as dg
+
+    os.environ.update({k: v for k, v in env.items() if k.startswith(("DAGSTER", "AI_PIPELINE"))})
+    started = time.monotonic()
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        while time.monotonic() - started < timeout:
+            if any(
+                state.instigator_name == "reconcile_sensor"
+                and getattr(state.instigator_data, "last_tick_start_timestamp", None)
+                for state in instance.all_instigator_state()
+            ):
+                break
+            time.sleep(0.5)
+    return time.monotonic() - started
+
+
 def fresh_home(root: Path, name: str, instance_yaml: Path = REPO / "dagster.yaml") -> Path:
     home = root / name
     home.mkdir(parents=True)

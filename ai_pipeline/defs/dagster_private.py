@@ -35,6 +35,10 @@ Each has no public equivalent in that release; when Dagster changes, this is the
 - ``BULK_ACTION_TERMINAL_STATUSES``, ``BulkActionStatus``, ``BulkActionsFilter``: the statuses in
   which a backfill is over, and the filter to list those that are not (a batch re-submitted while
   its backfill is still queued or running must not launch a second one).
+- ``submit_asset_run``, ``BACKFILL_ID_TAG``, ``DagsterRunAlreadyExists``, ``WorkspaceProcessContext``,
+  ``InProcessWorkspaceLoadTarget``, ``InProcessCodeLocationOrigin``, ``InstigatorType``: a launched
+  backfill's planned runs submitted at once, as the backfill daemon submits them on its next loop
+  (``ai_pipeline.defs.start_runs``), from the code location the daemon's sensor states name.
 """
 
 import logging
@@ -46,6 +50,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
 from dagster._core.definitions.partitions.subset.default import DefaultPartitionsSubset
+from dagster._core.errors import DagsterRunAlreadyExists
 from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent
 from dagster._core.execution.backfill import (
     BULK_ACTION_TERMINAL_STATUSES,
@@ -53,6 +58,9 @@ from dagster._core.execution.backfill import (
     BulkActionStatus,
     PartitionBackfill,
 )
+from dagster._core.execution.submit_asset_runs import submit_asset_run
+from dagster._core.remote_origin import InProcessCodeLocationOrigin
+from dagster._core.scheduler.instigation import InstigatorType
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.config import pg_config
 from dagster._core.storage.defs_state.base import set_defs_state_storage
@@ -62,7 +70,10 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     SqliteEventLogStorageWatchdog,
 )
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
+from dagster._core.storage.tags import BACKFILL_ID_TAG
 from dagster._core.utils import make_new_backfill_id, make_new_run_id
+from dagster._core.workspace.context import WorkspaceProcessContext
+from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from dagster._serdes import ConfigurableClassData, serialize_value
 from dagster_shared.record import copy as copy_record
 
@@ -131,6 +142,13 @@ __all__ = [
     "PartitionBackfill",
     "make_new_backfill_id",
     "make_new_run_id",
+    "BACKFILL_ID_TAG",
+    "DagsterRunAlreadyExists",
+    "InProcessCodeLocationOrigin",
+    "InProcessWorkspaceLoadTarget",
+    "InstigatorType",
+    "WorkspaceProcessContext",
+    "submit_asset_run",
 ]
 
 

@@ -27,6 +27,7 @@ from ai_pipeline.defs.chunks import (
     split,
 )
 from ai_pipeline.defs.launch import Launcher, failure_of
+from ai_pipeline.defs.start_runs import start_planned_runs
 from ai_pipeline.documents import display_path
 from ai_pipeline.errors import InputError
 from ai_pipeline.failures import Category
@@ -307,6 +308,11 @@ def _backfills(
             f"of at most {max(len(c.document_ids) for c in chunks)}: "
             + ", ".join(b.backfill_id for b in launched)
         )
+    started = start_planned_runs(
+        launcher.instance, [b.backfill_id for b in launched], launcher.site
+    )
+    if started:
+        launcher.progress(f"{started} runs submitted to the run queue")
     return launched
 
 

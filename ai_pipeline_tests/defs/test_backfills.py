@@ -46,6 +46,7 @@ from ai_pipeline.defs.partitions import add_partitions, documents_partitions, na
 from ai_pipeline.defs.resources import ResultsStore
 from ai_pipeline.defs.run_ends import run_documents
 from ai_pipeline.defs.schedules import NIGHTLY_TAG
+from ai_pipeline.defs.start_runs import daemon_location
 from ai_pipeline.intake import batch_key
 from ai_pipeline.reporting import build_report
 from ai_pipeline.states import State
@@ -494,6 +495,48 @@ def test_submit_wait_returns_when_its_runs_end_and_a_resubmission_launches_at_on
         )
         printed = {first["backfill_id"]: first["status"], second["backfill_id"]: second["status"]}
         assert {b.backfill_id: b.status.value for b in ended_ones} == printed
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the submission knows no backend
+def test_submit_starts_its_planned_runs_without_waiting_for_the_backfill_loop(
+    instance: dg.DagsterInstance,
+    simulator: Any,
+    daemon_env: None,
+    dagster_home: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under a daemon whose backfill loop comes round again only after ten minutes (Dagster's
+    comes every 30 s), ``submit --wait`` of seven documents in runs of three returns with all
+    seven done: the command submitted the three runs it planned itself, under the run ids the
+    backfill reserved for them (the daemon, on its next loop, skips runs that exist), from the
+    code location the daemon runs."""
+    monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "3")
+    inbox = make_inbox(tmp_path / "inbox", {f"d{i}.txt": sample_text(960 + i) for i in range(7)})
+    submit = ("submit", str(inbox), "--batch", "now", "--wait", "--json", "--timeout", "150")
+    slow_loop = DagsterProcess.daemon(tmp_path / "daemon.log", backfill_loop_seconds=600)
+    with running(slow_loop, dagster_home) as daemon:
+        daemon.start()
+        # A deployment's daemon runs before batches come: its sensors are ticking.
+        wait_for(daemon, "the daemon's sensors", lambda: daemon_location(instance) is not None)
+
+        code, out = run_cli(capsys, *submit)
+
+        assert (code, out["status"], out["succeeded"]) == (0, "COMPLETED_SUCCESS", 7), out
+        backfill = instance.get_backfill(out["backfill_id"])
+        assert backfill is not None and backfill.status == BulkActionStatus.REQUESTED
+        runs = backfill_runs(instance, out["backfill_id"])
+        assert sorted(r.run_id for r in runs) == sorted(backfill.reserved_run_ids)
+        assert len(runs) == 3
+        assert {r.remote_job_origin.location_name for r in runs if r.remote_job_origin} == {
+            "ai_pipeline"
+        }
+        ids = results_store().batches.get(out["batch_id"]).document_ids
+        assert states(ids) == {i: ("COMPLETED", None) for i in ids}
+        assert calls(simulator, ids) == {i: 1 for i in ids}
 
 
 # --- 3. the nightly schedule ----------------------------------------------------------------------

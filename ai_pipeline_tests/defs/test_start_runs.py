@@ -1,0 +1,140 @@
+"""A launched backfill's planned runs submitted by the command that launched it
+(``ai_pipeline.defs.start_runs``), from the code location the daemon's sensor states name.
+
+No daemon here: the sensor states a daemon writes are written by the test, and the runs submitted
+stay QUEUED. ``test_backfills.py`` has the same under a real daemon whose backfill loop would come
+round only after ten minutes.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+from dagster._core.remote_origin import (
+    ManagedGrpcPythonEnvCodeLocationOrigin,
+    RemoteInstigatorOrigin,
+    RemoteRepositoryOrigin,
+)
+from dagster._core.scheduler.instigation import (
+    InstigatorState,
+    InstigatorStatus,
+    InstigatorType,
+    SensorInstigatorData,
+)
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+
+from ai_pipeline.defs.backfills import launch_backfill
+from ai_pipeline.defs.start_runs import LIVE_SECONDS, daemon_location, start_planned_runs
+from ai_pipeline_tests.support import launcher, make_inbox, sample_text
+
+NOW = 1_800_000_000.0
+
+
+def sensor_state(
+    location: str, began: float, *, sensor: str = "reconcile_sensor", module: str = ""
+) -> InstigatorState:
+    """The state a daemon keeps of a sensor of a code location it runs, its last tick begun at
+    ``began``."""
+    target = LoadableTargetOrigin(module_name=module or "ai_pipeline.definitions", attribute="defs")
+    code_location = ManagedGrpcPythonEnvCodeLocationOrigin(target, location_name=location)
+    origin = RemoteInstigatorOrigin(RemoteRepositoryOrigin(code_location, "__repository__"), sensor)
+    return InstigatorState(
+        origin,
+        InstigatorType.SENSOR,
+        InstigatorStatus.DECLARED_IN_CODE,
+        SensorInstigatorData(last_tick_start_timestamp=began),
+    )
+
+
+def test_the_location_is_the_one_whose_reconcile_sensor_began_a_tick_last_and_lately(
+    instance: dg.DagsterInstance,
+) -> None:
+    assert daemon_location(instance, now=NOW) is None
+    instance.add_instigator_state(sensor_state("gone", NOW - LIVE_SECONDS - 1))
+    instance.add_instigator_state(sensor_state("other", NOW - 1, sensor="inbox_sensor"))
+    assert daemon_location(instance, now=NOW) is None, "stale, or not the reconcile sensor"
+
+    instance.add_instigator_state(sensor_state("dev", NOW - 50))
+    instance.add_instigator_state(sensor_state("ai_pipeline", NOW - 20))
+
+    found = daemon_location(instance, now=NOW)
+    assert found is not None and found.location_name == "ai_pipeline"
+
+
+@pytest.fixture
+def planned(instance: dg.DagsterInstance, simulator: Any, tmp_path: Path) -> tuple[str, Any]:
+    """A backfill of seven documents in runs of three, launched with its runs planned; and the
+    launcher. (The LLM settings point at the simulator: a run's resources need them set.)"""
+    inbox = make_inbox(tmp_path / "inbox", {f"d{i}.txt": sample_text(980 + i) for i in range(7)})
+    app = launcher(instance)
+    ids = app.register_inbox(inbox).document_ids
+    return launch_backfill(instance, app.asset_graph, ids, title="t", run_size=3), app
+
+
+def test_with_no_daemon_running_the_runs_are_left_to_its_next_loop(
+    instance: dg.DagsterInstance, planned: tuple[str, Any]
+) -> None:
+    backfill_id, _ = planned
+    instance.add_instigator_state(sensor_state("ai_pipeline", time.time() - LIVE_SECONDS - 5))
+
+    assert start_planned_runs(instance, [backfill_id]) == 0
+    assert instance.get_runs() == []
+
+
+def test_a_location_that_does_not_load_here_leaves_the_runs_to_the_daemon(
+    instance: dg.DagsterInstance, planned: tuple[str, Any]
+) -> None:
+    backfill_id, _ = planned
+    instance.add_instigator_state(sensor_state("elsewhere", time.time(), module="no_such_module"))
+
+    assert start_planned_runs(instance, [backfill_id]) == 0
+    assert instance.get_runs() == []
+
+
+def test_the_planned_runs_are_queued_once_under_their_reserved_ids(
+    instance: dg.DagsterInstance, planned: tuple[str, Any]
+) -> None:
+    backfill_id, _ = planned
+    instance.add_instigator_state(sensor_state("ai_pipeline", time.time()))
+    backfill = instance.get_backfill(backfill_id)
+    assert backfill is not None and len(backfill.reserved_run_ids) == 3
+
+    assert start_planned_runs(instance, [backfill_id]) == 3
+    assert start_planned_runs(instance, [backfill_id]) == 0, "they exist: nothing twice"
+
+    runs = instance.get_runs()
+    assert sorted(r.run_id for r in runs) == sorted(backfill.reserved_run_ids)
+    assert {r.status for r in runs} == {dg.DagsterRunStatus.QUEUED}
+    for run in runs:
+        assert run.tags["dagster/backfill"] == backfill_id
+        assert run.remote_job_origin is not None
+        assert run.remote_job_origin.location_name == "ai_pipeline"
+    # The tags the daemon would give them: the backfill's own, and each planned run's range.
+    requested = {r.tags["dagster/asset_partition_range_start"] for r in runs}
+    assert requested == {
+        r.tags["dagster/asset_partition_range_start"] for r in backfill.submitting_run_requests
+    }
+
+
+def test_only_the_first_wave_is_submitted_the_rest_left_to_the_daemon(
+    dagster_home: Path, planned: tuple[str, Any]
+) -> None:
+    """With two run slots the command submits two of the three runs; the third would only wait in
+    the queue, so the daemon's next loop submits it (here: a second call, as the daemon would)."""
+    backfill_id, _ = planned
+    config = dagster_home / "dagster.yaml"
+    assert "max_concurrent_runs: 4" in config.read_text()
+    config.write_text(
+        config.read_text().replace("max_concurrent_runs: 4", "max_concurrent_runs: 2")
+    )
+    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+        instance.add_instigator_state(sensor_state("ai_pipeline", time.time()))
+
+        assert start_planned_runs(instance, [backfill_id]) == 2
+        assert start_planned_runs(instance, [backfill_id]) == 1
+        assert start_planned_runs(instance, [backfill_id]) == 0
+        assert len(instance.get_runs()) == 3
