@@ -9,6 +9,7 @@ round only after ten minutes.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,21 +76,21 @@ def planned(instance: dg.DagsterInstance, simulator: Any, tmp_path: Path) -> tup
     return launch_backfill(instance, app.asset_graph, ids, title="t", run_size=3), app
 
 
-def test_with_no_daemon_running_the_runs_are_left_to_its_next_loop(
-    instance: dg.DagsterInstance, planned: tuple[str, Any]
+@pytest.mark.parametrize(
+    "state",
+    [
+        # The daemon's last tick is too long ago: no daemon runs the code now.
+        lambda: sensor_state("ai_pipeline", time.time() - LIVE_SECONDS - 5),
+        # A live daemon, whose code location's target does not import in this process.
+        lambda: sensor_state("elsewhere", time.time(), module="no_such_module"),
+    ],
+    ids=["no-live-daemon", "location-not-loadable-here"],
+)
+def test_the_runs_are_left_to_the_daemons_next_loop(
+    instance: dg.DagsterInstance, planned: tuple[str, Any], state: Callable[[], InstigatorState]
 ) -> None:
     backfill_id, _ = planned
-    instance.add_instigator_state(sensor_state("ai_pipeline", time.time() - LIVE_SECONDS - 5))
-
-    assert start_planned_runs(instance, [backfill_id]) == 0
-    assert instance.get_runs() == []
-
-
-def test_a_location_that_does_not_load_here_leaves_the_runs_to_the_daemon(
-    instance: dg.DagsterInstance, planned: tuple[str, Any]
-) -> None:
-    backfill_id, _ = planned
-    instance.add_instigator_state(sensor_state("elsewhere", time.time(), module="no_such_module"))
+    instance.add_instigator_state(state())
 
     assert start_planned_runs(instance, [backfill_id]) == 0
     assert instance.get_runs() == []
