@@ -22,6 +22,7 @@ import pytest
 from ai_pipeline.defs.backfills import backfill_ended
 from ai_pipeline.defs.dagster_private import BulkActionStatus
 from ai_pipeline.defs.partitions import documents_partitions
+from ai_pipeline.defs.start_runs import start_planned_runs
 from ai_pipeline.failures import Category
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.states import State
@@ -37,6 +38,7 @@ from ai_pipeline_tests.support import (
     process_inbox,
     results_store,
     sample_text,
+    sensor_state,
     task_of,
 )
 
@@ -210,12 +212,16 @@ def test_a_killed_run_worker_is_reconciled_and_rerun(
     flight, a window of four, twelve documents): within 60 s every document it had not finished
     — those it held and those it never started — is FAILED in the store (RUN_INTERRUPTED,
     retryable) and in Dagster, ``submit --wait`` exits non-zero with the batch not done, and
-    ``backfill --failed`` selects and finishes exactly those."""
+    ``backfill --failed`` selects and finishes exactly those.
+
+    Dagster's run retry is off here: this is the path once its one retry is spent (or where an
+    instance turns retries off). With it on, the retry finishes the documents with no command
+    (``service/test_api.py``, the 60-section document)."""
     # One run slot: the batch is one run (it would be cut into one run per slot otherwise).
     config = dagster_home / "dagster.yaml"
-    config.write_text(
-        config.read_text().replace("max_concurrent_runs: 4", "max_concurrent_runs: 1")
-    )
+    text = config.read_text().replace("max_concurrent_runs: 4", "max_concurrent_runs: 1")
+    assert "  max_retries: 1\n" in text
+    config.write_text(text.replace("  max_retries: 1\n", "  max_retries: 0\n"))
     with own_simulator(monkeypatch, latency_ms=2000, concurrency=2):
         inbox, ids = corpus(tmp_path, 12, 50_000)
         store = results_store()
@@ -454,6 +460,10 @@ def test_a_backfill_outlives_a_killed_and_restarted_daemon(
                 lambda: (b := instance.get_backfill(backfill_id)) and backfill_ended(b) and b,
                 timeout=300,
             )
+        except pytest.fail.Exception:
+            runs = instance.get_runs(dg.RunsFilter.for_backfill(backfill_id))
+            print("the backfill's runs:", {r.run_id: r.status.value for r in runs})
+            raise
         finally:
             # What the killed daemon left (its code server waits for a heartbeat to stop).
             with contextlib.suppress(ProcessLookupError):
@@ -475,3 +485,69 @@ def test_a_backfill_outlives_a_killed_and_restarted_daemon(
         assert unfinished == []
         assert {d for d in ids if calls[d] > 1} <= in_flight
         assert all(calls[d] >= 1 for d in ids)
+
+
+@pytest.mark.slow
+@pytest.mark.daemon
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_run_whose_launch_was_cut_off_is_failed_and_run_again(
+    dagster_home: Path,
+    instance: dg.DagsterInstance,
+    daemon: DagsterProcess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run the daemon marked STARTING and then never launched (a ``dagster-daemon`` killed
+    between the two, as the test above can meet by chance; written here directly): run
+    monitoring fails it once it has not started in time, run retries re-execute it, and its
+    backfill completes, every document COMPLETED and paid once, with no other command. Without
+    monitoring the run stays STARTING and the backfill open forever.
+
+    The checkout's dagster.yaml, its start timeout shortened from 120 s to 5 s."""
+    config = dagster_home / "dagster.yaml"
+    text, found = re.subn(
+        r"start_timeout_seconds: \d+", "start_timeout_seconds: 5", config.read_text()
+    )
+    assert found == 1, "the checkout's dagster.yaml has no run monitoring"
+    config.write_text(re.sub(r"poll_interval_seconds: \d+", "poll_interval_seconds: 2", text))
+    monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "10")
+    with own_simulator(monkeypatch, latency_ms=100, concurrency=8) as llm:
+        inbox, ids = corpus(tmp_path, 20, 90_000)
+        code, submitted = finish(start_cli("submit", str(inbox), "--batch", "cut", "--json"))
+        assert code == 0, submitted
+        backfill_id = submitted["backfill_id"]
+        # Both runs submitted as the daemon submits them (no daemon yet: the state its reconcile
+        # sensor would have written names its code location), then the first marked STARTING as
+        # a launch marks it before it reaches the launcher.
+        instance.add_instigator_state(sensor_state("ai_pipeline", time.time()))
+        assert start_planned_runs(instance, [backfill_id]) == 2
+        backfill = instance.get_backfill(backfill_id)
+        assert backfill is not None
+        cut_off = backfill.reserved_run_ids[0]
+        run = instance.get_run_by_id(cut_off)
+        assert run is not None
+        starting = dg.DagsterEvent(
+            event_type_value=dg.DagsterEventType.RUN_STARTING.value, job_name=run.job_name
+        )
+        instance.report_dagster_event(starting, run_id=cut_off)
+        assert instance.get_run_by_id(cut_off).status == dg.DagsterRunStatus.STARTING
+
+        daemon.start()
+        backfill = wait_for(
+            daemon,
+            "the backfill over",
+            lambda: (b := instance.get_backfill(backfill_id)) and backfill_ended(b) and b,
+            timeout=180,
+        )
+
+        assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS
+        failed = instance.get_run_by_id(cut_off)
+        assert failed is not None and failed.status == dg.DagsterRunStatus.FAILURE
+        (retry,) = instance.get_runs(dg.RunsFilter(tags={"dagster/parent_run_id": cut_off}))
+        assert retry.status == dg.DagsterRunStatus.SUCCESS
+        assert retry.tags["dagster/backfill"] == backfill_id
+        unfinished = instance.get_runs(
+            dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.QUEUED])
+        )
+        assert unfinished == []
+        assert_paid_once(llm, ids)

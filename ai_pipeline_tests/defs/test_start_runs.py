@@ -15,40 +15,13 @@ from typing import Any
 
 import dagster as dg
 import pytest
-from dagster._core.remote_origin import (
-    ManagedGrpcPythonEnvCodeLocationOrigin,
-    RemoteInstigatorOrigin,
-    RemoteRepositoryOrigin,
-)
-from dagster._core.scheduler.instigation import (
-    InstigatorState,
-    InstigatorStatus,
-    InstigatorType,
-    SensorInstigatorData,
-)
-from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+from dagster._core.scheduler.instigation import InstigatorState
 
 from ai_pipeline.defs.backfills import launch_backfill
 from ai_pipeline.defs.start_runs import LIVE_SECONDS, daemon_location, start_planned_runs
-from ai_pipeline_tests.support import launcher, make_inbox, sample_text
+from ai_pipeline_tests.support import launcher, make_inbox, sample_text, sensor_state
 
 NOW = 1_800_000_000.0
-
-
-def sensor_state(
-    location: str, began: float, *, sensor: str = "reconcile_sensor", module: str = ""
-) -> InstigatorState:
-    """The state a daemon keeps of a sensor of a code location it runs, its last tick begun at
-    ``began``."""
-    target = LoadableTargetOrigin(module_name=module or "ai_pipeline.definitions", attribute="defs")
-    code_location = ManagedGrpcPythonEnvCodeLocationOrigin(target, location_name=location)
-    origin = RemoteInstigatorOrigin(RemoteRepositoryOrigin(code_location, "__repository__"), sensor)
-    return InstigatorState(
-        origin,
-        InstigatorType.SENSOR,
-        InstigatorStatus.DECLARED_IN_CODE,
-        SensorInstigatorData(last_tick_start_timestamp=began),
-    )
 
 
 def test_the_location_is_the_one_whose_reconcile_sensor_began_a_tick_last_and_lately(
