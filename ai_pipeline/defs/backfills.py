@@ -185,18 +185,24 @@ def backfill_run_size(
     run_slots: int | None,
     llm_concurrency: int,
     *,
+    global_llm_concurrency: int | None = None,
     most: int = MAX_DOCUMENTS_PER_RUN,
 ) -> int:
     """Documents per run so that a backfill's runs fill the run queue's ``run_slots``
     (``max_concurrent_runs``) in one wave: ceil(documents / slots). A run takes at least
     ``llm_concurrency`` documents (fewer cannot keep its LLM calls busy; more runs would only
     add process starts) and at most ``most``; above ``most`` × slots, the runs come in full
-    waves of equal runs. A queue with no limit (or closed, or none) gives Dagster's planning
-    size, ``DOCUMENTS_PER_BACKFILL_RUN``."""
+    waves of equal runs. Under a global cap of ``global_llm_concurrency`` calls, only
+    ceil(cap / ``llm_concurrency``) runs can have their calls out at once: the runs fill that
+    many slots, not more (a run beyond them would wait for the cap's slots, at the cost of its
+    process). A queue with no limit (or closed, or none) gives Dagster's planning size,
+    ``DOCUMENTS_PER_BACKFILL_RUN``."""
     if run_slots is None or run_slots < 1:
         return DOCUMENTS_PER_BACKFILL_RUN
     if documents < 1:
         return 1
+    if global_llm_concurrency:
+        run_slots = min(run_slots, -(-global_llm_concurrency // max(1, llm_concurrency)))
     waves = -(-documents // (run_slots * most))
     size = -(-documents // (run_slots * waves))
     return max(1, min(most, max(size, min(documents, llm_concurrency))))
@@ -214,13 +220,19 @@ def run_size_for(
 ) -> int:
     """``override`` when set, else ``backfill_run_size`` of ``documents`` from the instance's run
     queue (``run_coordinator``'s ``max_concurrent_runs`` in ``dagster.yaml``) and the runs' LLM
-    concurrency: runs that fill the queue's slots in one wave. A sensor tick's runs are sized the
-    same way (``AI_PIPELINE_DOCUMENTS_PER_RUN`` is their override)."""
+    concurrency (and the global cap, ``AI_PIPELINE_GLOBAL_LLM_CONCURRENCY``): runs that fill the
+    queue's useful slots in one wave. A sensor tick's runs are sized the same way
+    (``AI_PIPELINE_DOCUMENTS_PER_RUN`` is their override)."""
     if override is not None:
         return override
     queue = instance.get_concurrency_config().run_queue_config
     slots = queue.max_concurrent_runs if queue is not None else None
-    return backfill_run_size(documents, slots, settings.llm_concurrency)
+    return backfill_run_size(
+        documents,
+        slots,
+        settings.llm_concurrency,
+        global_llm_concurrency=settings.global_llm_concurrency,
+    )
 
 
 def run_request_for(

@@ -790,23 +790,28 @@ def test_resubmitting_a_batch_whose_backfill_is_queued_launches_nothing(
 
 
 @pytest.mark.parametrize(
-    ("documents", "slots", "concurrency", "size", "runs"),
+    ("documents", "slots", "concurrency", "cap", "size", "runs"),
     [
-        (1000, 4, 8, 250, 4),  # one wave: ceil(1,000 / 4)
-        (10_000, 4, 4, 2500, 4),
-        (10_001, 4, 4, 1251, 8),  # above 4 × 2,500: two full waves of equal runs
-        (50, 4, 4, 13, 4),  # 50 scattered failures
-        (6, 4, 8, 6, 1),  # too few to keep four runs' calls busy: one run
-        (1000, None, 8, 100, 10),  # no run queue: the size Dagster plans UI backfills with
-        (1000, 0, 8, 100, 10),  # a closed queue
+        (1000, 4, 8, None, 250, 4),  # one wave: ceil(1,000 / 4)
+        (10_000, 4, 4, None, 2500, 4),
+        (10_001, 4, 4, None, 1251, 8),  # above 4 × 2,500: two full waves of equal runs
+        (50, 4, 4, None, 13, 4),  # 50 scattered failures
+        (6, 4, 8, None, 6, 1),  # too few to keep four runs' calls busy: one run
+        (1000, None, 8, None, 100, 10),  # no run queue: the size Dagster plans UI backfills with
+        (1000, 0, 8, None, 100, 10),  # a closed queue
+        (1000, 4, 8, 16, 500, 2),  # a global cap of 16 calls: two runs of 8 have them all out
+        (1000, 4, 8, 20, 334, 3),  # 20: a third run takes the last 4
+        (1000, 4, 8, 5, 1000, 1),  # a cap below one run's concurrency: one run
+        (1000, 4, 8, 64, 250, 4),  # a cap above the slots' calls changes nothing
     ],
 )
 def test_backfill_run_size_fills_the_run_slots_in_one_wave(
-    documents: int, slots: int | None, concurrency: int, size: int, runs: int
+    documents: int, slots: int | None, concurrency: int, cap: int | None, size: int, runs: int
 ) -> None:
     """The run size of a planned backfill is ceil(documents / max_concurrent_runs), so that its
-    runs start in one wave; at least the runs' LLM concurrency, at most 2,500 a run."""
-    assert backfill_run_size(documents, slots, concurrency) == size
+    runs start in one wave; at least the runs' LLM concurrency, at most 2,500 a run; under a
+    global cap, over only as many slots as can have calls out at once."""
+    assert backfill_run_size(documents, slots, concurrency, global_llm_concurrency=cap) == size
     ids = [f"{i:016x}" for i in range(documents)]
     assert len(plan_runs(ids, ids, size)) == runs
 
