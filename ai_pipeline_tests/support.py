@@ -19,18 +19,6 @@ from typing import Any
 
 import dagster as dg
 import pytest
-from dagster._core.remote_origin import (
-    ManagedGrpcPythonEnvCodeLocationOrigin,
-    RemoteInstigatorOrigin,
-    RemoteRepositoryOrigin,
-)
-from dagster._core.scheduler.instigation import (
-    InstigatorState,
-    InstigatorStatus,
-    InstigatorType,
-    SensorInstigatorData,
-)
-from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
 from ai_pipeline.analyses import DOCUMENT_ANALYSIS
 from ai_pipeline.defs.jobs import RANGE_END_TAG, RANGE_START_TAG
@@ -297,19 +285,3 @@ def new_release(monkeypatch: pytest.MonkeyPatch, **changes: Any) -> None:
 
     released = DOCUMENT_ANALYSIS.model_copy(update=changes)
     monkeypatch.setitem(analyses.BUILTINS, DOCUMENT_ANALYSIS.name, released)
-
-
-def sensor_state(
-    location: str, began: float, *, sensor: str = "reconcile_sensor", module: str = ""
-) -> InstigatorState:
-    """The state a daemon keeps of a sensor of a code location it runs, its last tick begun at
-    ``began``."""
-    target = LoadableTargetOrigin(module_name=module or "ai_pipeline.definitions", attribute="defs")
-    code_location = ManagedGrpcPythonEnvCodeLocationOrigin(target, location_name=location)
-    origin = RemoteInstigatorOrigin(RemoteRepositoryOrigin(code_location, "__repository__"), sensor)
-    return InstigatorState(
-        origin,
-        InstigatorType.SENSOR,
-        InstigatorStatus.DECLARED_IN_CODE,
-        SensorInstigatorData(last_tick_start_timestamp=began),
-    )

@@ -39,6 +39,9 @@ Each has no public equivalent in that release; when Dagster changes, this is the
   ``InProcessWorkspaceLoadTarget``, ``InProcessCodeLocationOrigin``, ``InstigatorType``: a launched
   backfill's planned runs submitted at once, as the backfill daemon submits them on its next loop
   (``ai_pipeline.defs.start_runs``), from the code location the daemon's sensor states name.
+- ``retry_run``, ``should_retry`` (through ``retry_failed_run``, imported when called),
+  ``AUTO_RETRY_RUN_ID_TAG``, ``WILL_RETRY_TAG``: the daemon's own automatic retry of a failed run,
+  made up for when its event-log consumer missed the failure (``ai_pipeline.defs.missed_retries``).
 """
 
 import logging
@@ -70,7 +73,7 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     SqliteEventLogStorageWatchdog,
 )
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
-from dagster._core.storage.tags import BACKFILL_ID_TAG
+from dagster._core.storage.tags import AUTO_RETRY_RUN_ID_TAG, BACKFILL_ID_TAG, WILL_RETRY_TAG
 from dagster._core.utils import make_new_backfill_id, make_new_run_id
 from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
@@ -149,6 +152,8 @@ __all__ = [
     "InstigatorType",
     "WorkspaceProcessContext",
     "submit_asset_run",
+    "AUTO_RETRY_RUN_ID_TAG",
+    "WILL_RETRY_TAG",
 ]
 
 
@@ -157,6 +162,18 @@ def repository_of(definitions: Any, instance: DagsterInstance) -> Any:
     defs state storage rather than whatever instance a context variable still names."""
     with set_defs_state_storage(instance.defs_state_storage):
         return definitions.get_repository_def()
+
+
+def retry_failed_run(run: DagsterRun, context: Any) -> bool:
+    """Retry the failed ``run`` as the daemon's automatic retry does (from failure, tagged as its
+    retry, once whatever calls it), if the daemon's rules say it should be (``dagster/will_retry``
+    true, its backfill not over); whether they did. ``context``: a ``WorkspaceProcessContext``."""
+    from dagster._daemon.auto_run_reexecution.auto_run_reexecution import retry_run, should_retry
+
+    if not should_retry(run, context.instance):
+        return False
+    retry_run(run, context)
+    return True
 
 
 def run_health(status: str, message: str | None = None) -> Any:

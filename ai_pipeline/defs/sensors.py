@@ -17,6 +17,7 @@ import dagster as dg
 
 from ai_pipeline.defs.backfills import backfill_ended, run_size_for
 from ai_pipeline.defs.jobs import range_run_request
+from ai_pipeline.defs.missed_retries import retry_missed
 from ai_pipeline.defs.partitions import missing_partitions, naming_config
 from ai_pipeline.defs.resources import PipelineSettings, ResultsStore
 from ai_pipeline.defs.run_ends import mark_ended_runs
@@ -355,8 +356,9 @@ def build_reconcile_sensor(site: Site = DEFAULT_SITE) -> dg.SensorDefinition:
         minimum_interval_seconds=20,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Moves documents out of RUNNING whose run is over (a killed worker, a run "
-        "terminated from the UI): FAILED with RUN_INTERRUPTED, retryable; and shows FAILED in "
-        "Dagster the documents a failed run never finished.",
+        "terminated from the UI): FAILED with RUN_INTERRUPTED, retryable; shows FAILED in "
+        "Dagster the documents a failed run never finished; and retries a failed run whose "
+        "automatic retry the daemon missed.",
         **_resources(site, "results_store"),
     )
     def reconcile_sensor(context: dg.SensorEvaluationContext, **_resources: Any) -> dg.SkipReason:
@@ -380,6 +382,8 @@ def _reconcile_tick(
         )
     if cursor != context.cursor:
         context.update_cursor(cursor)
+    for run_id in retry_missed(context.instance, site):
+        context.log.warning(f"run {run_id} failed and Dagster missed its retry: retried now")
     unfinished = sum(map(len, marked.values()))
     return dg.SkipReason(
         f"{len(interrupted)} documents moved out of RUNNING: their run was over; "

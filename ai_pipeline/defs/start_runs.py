@@ -27,7 +27,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import dagster as dg
@@ -83,24 +84,37 @@ def start_planned_runs(
         return 0
     queue = instance.get_concurrency_config().run_queue_config
     wave = queue.max_concurrent_runs if queue is not None else None
+    try:
+        with daemon_workspace(instance, site) as context:
+            if context is None:
+                return 0
+            return asyncio.run(_submit(instance, context, planned, wave))
+    except Exception as e:  # whatever this leaves undone, the daemon does on its next loop
+        log.info("runs left to the daemon's next loop: %s", e)
+        return 0
+
+
+@contextmanager
+def daemon_workspace(instance: dg.DagsterInstance, site: Site = DEFAULT_SITE) -> Iterator[Any]:
+    """A ``WorkspaceProcessContext`` holding the code location the running daemon evaluates
+    ``site``'s sensors from (``daemon_location``), loaded in this process under the daemon's
+    name for it; None when no daemon ran lately or the location does not load here."""
     origin = daemon_location(instance, site)
     if origin is None:
-        return 0
+        yield None
+        return
     target = InProcessWorkspaceLoadTarget(
         InProcessCodeLocationOrigin(
             loadable_target_origin=origin.loadable_target_origin,
             location_name=origin.location_name,
         )
     )
-    try:
-        with WorkspaceProcessContext(instance, target) as context:
-            if context.create_request_context().has_code_location_error(origin.location_name):
-                log.info("code location %s does not load here", origin.location_name)
-                return 0
-            return asyncio.run(_submit(instance, context, planned, wave))
-    except Exception as e:  # whatever this leaves undone, the daemon does on its next loop
-        log.info("runs left to the daemon's next loop: %s", e)
-        return 0
+    with WorkspaceProcessContext(instance, target) as context:
+        if context.create_request_context().has_code_location_error(origin.location_name):
+            log.info("code location %s does not load here", origin.location_name)
+            yield None
+        else:
+            yield context
 
 
 async def _submit(

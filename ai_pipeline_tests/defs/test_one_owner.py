@@ -22,7 +22,7 @@ import pytest
 from ai_pipeline.defs.backfills import backfill_ended
 from ai_pipeline.defs.dagster_private import BulkActionStatus
 from ai_pipeline.defs.partitions import documents_partitions
-from ai_pipeline.defs.start_runs import start_planned_runs
+from ai_pipeline.defs.start_runs import daemon_location
 from ai_pipeline.failures import Category
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.states import State
@@ -38,7 +38,6 @@ from ai_pipeline_tests.support import (
     process_inbox,
     results_store,
     sample_text,
-    sensor_state,
     task_of,
 )
 
@@ -498,38 +497,52 @@ def test_a_run_whose_launch_was_cut_off_is_failed_and_run_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A run the daemon marked STARTING and then never launched (a ``dagster-daemon`` killed
-    between the two, as the test above can meet by chance; written here directly): run
-    monitoring fails it once it has not started in time, run retries re-execute it, and its
-    backfill completes, every document COMPLETED and paid once, with no other command. Without
-    monitoring the run stays STARTING and the backfill open forever.
+    between the two, as the test above can meet by chance): run monitoring fails it once it has
+    not started in time, run retries re-execute it, and its backfill completes, every document
+    COMPLETED and paid once, with no other command. Without monitoring the run stays STARTING
+    and the backfill open forever; without retries the backfill ends failed. (Should the
+    daemon's retry miss the failure, the reconcile sensor retries it a minute later:
+    ``ai_pipeline.defs.missed_retries``.)
 
-    The checkout's dagster.yaml, its start timeout shortened from 120 s to 5 s."""
+    The daemon runs once first, as it had before it was killed: its sensors ticked (so
+    ``submit`` submits the batch's runs itself) and its run-retry consumer keeps a cursor into
+    the event log (one that starts fresh skips the events before it). The checkout's
+    dagster.yaml, polled every 2 s instead of 30; the launch is dated ten minutes back, past its
+    start timeout, while the other run starts as runs do, whatever the load."""
     config = dagster_home / "dagster.yaml"
     text, found = re.subn(
-        r"start_timeout_seconds: \d+", "start_timeout_seconds: 5", config.read_text()
+        r"poll_interval_seconds: \d+", "poll_interval_seconds: 2", config.read_text()
     )
     assert found == 1, "the checkout's dagster.yaml has no run monitoring"
-    config.write_text(re.sub(r"poll_interval_seconds: \d+", "poll_interval_seconds: 2", text))
+    config.write_text(text)
     monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "10")
     with own_simulator(monkeypatch, latency_ms=100, concurrency=8) as llm:
         inbox, ids = corpus(tmp_path, 20, 90_000)
+        # The key dagster's event-log consumer keeps its run-failure cursor under.
+        cursor = f"EVENT_LOG_CONSUMER_CURSOR-{dg.DagsterEventType.RUN_FAILURE.value}"
+        daemon.start()
+        wait_for(
+            daemon,
+            "a sensor tick and the run-retry cursor",
+            lambda: (
+                daemon_location(instance)
+                and instance.daemon_cursor_storage.get_cursor_values({cursor})
+            ),
+        )
+        daemon.stop()
+
         code, submitted = finish(start_cli("submit", str(inbox), "--batch", "cut", "--json"))
         assert code == 0, submitted
         backfill_id = submitted["backfill_id"]
-        # Both runs submitted as the daemon submits them (no daemon yet: the state its reconcile
-        # sensor would have written names its code location), then the first marked STARTING as
-        # a launch marks it before it reaches the launcher.
-        instance.add_instigator_state(sensor_state("ai_pipeline", time.time()))
-        assert start_planned_runs(instance, [backfill_id]) == 2
         backfill = instance.get_backfill(backfill_id)
-        assert backfill is not None
+        assert backfill is not None and len(backfill.reserved_run_ids) == 2
         cut_off = backfill.reserved_run_ids[0]
         run = instance.get_run_by_id(cut_off)
-        assert run is not None
+        assert run is not None and run.status == dg.DagsterRunStatus.QUEUED, "not submitted"
         starting = dg.DagsterEvent(
             event_type_value=dg.DagsterEventType.RUN_STARTING.value, job_name=run.job_name
         )
-        instance.report_dagster_event(starting, run_id=cut_off)
+        instance.report_dagster_event(starting, run_id=cut_off, timestamp=time.time() - 600)
         assert instance.get_run_by_id(cut_off).status == dg.DagsterRunStatus.STARTING
 
         daemon.start()

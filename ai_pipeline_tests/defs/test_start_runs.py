@@ -1,5 +1,7 @@
 """A launched backfill's planned runs submitted by the command that launched it
-(``ai_pipeline.defs.start_runs``), from the code location the daemon's sensor states name.
+(``ai_pipeline.defs.start_runs``), from the code location the daemon's sensor states name; and
+from the same location, a failed run whose automatic retry the daemon missed retried
+(``ai_pipeline.defs.missed_retries``).
 
 No daemon here: the sensor states a daemon writes are written by the test, and the runs submitted
 stay QUEUED. ``test_backfills.py`` has the same under a real daemon whose backfill loop would come
@@ -15,13 +17,42 @@ from typing import Any
 
 import dagster as dg
 import pytest
-from dagster._core.scheduler.instigation import InstigatorState
+from dagster._core.remote_origin import (
+    ManagedGrpcPythonEnvCodeLocationOrigin,
+    RemoteInstigatorOrigin,
+    RemoteRepositoryOrigin,
+)
+from dagster._core.scheduler.instigation import (
+    InstigatorState,
+    InstigatorStatus,
+    InstigatorType,
+    SensorInstigatorData,
+)
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
 from ai_pipeline.defs.backfills import launch_backfill
+from ai_pipeline.defs.dagster_private import BulkActionStatus
+from ai_pipeline.defs.missed_retries import GRACE_SECONDS, retry_missed
 from ai_pipeline.defs.start_runs import LIVE_SECONDS, daemon_location, start_planned_runs
-from ai_pipeline_tests.support import launcher, make_inbox, sample_text, sensor_state
+from ai_pipeline_tests.support import launcher, make_inbox, sample_text
 
 NOW = 1_800_000_000.0
+
+
+def sensor_state(
+    location: str, began: float, *, sensor: str = "reconcile_sensor", module: str = ""
+) -> InstigatorState:
+    """The state a daemon keeps of a sensor of a code location it runs, its last tick begun at
+    ``began``."""
+    target = LoadableTargetOrigin(module_name=module or "ai_pipeline.definitions", attribute="defs")
+    code_location = ManagedGrpcPythonEnvCodeLocationOrigin(target, location_name=location)
+    origin = RemoteInstigatorOrigin(RemoteRepositoryOrigin(code_location, "__repository__"), sensor)
+    return InstigatorState(
+        origin,
+        InstigatorType.SENSOR,
+        InstigatorStatus.DECLARED_IN_CODE,
+        SensorInstigatorData(last_tick_start_timestamp=began),
+    )
 
 
 def test_the_location_is_the_one_whose_reconcile_sensor_began_a_tick_last_and_lately(
@@ -112,3 +143,39 @@ def test_only_the_first_wave_is_submitted_the_rest_left_to_the_daemon(
         assert start_planned_runs(instance, [backfill_id]) == 1
         assert start_planned_runs(instance, [backfill_id]) == 0
         assert len(instance.get_runs()) == 3
+
+
+@pytest.mark.parametrize("backfill_over", [False, True])
+def test_a_failed_run_whose_retry_was_missed_is_retried_once_after_the_grace(
+    instance: dg.DagsterInstance, planned: tuple[str, Any], backfill_over: bool
+) -> None:
+    """A run failed and marked to be retried (the checkout's ``run_retries``) with no retry: left
+    to the daemon for ``GRACE_SECONDS``, then retried once as the daemon retries, inside its
+    backfill; not if the backfill is over (the daemon's rule), nor with no daemon running."""
+    backfill_id, _ = planned
+    assert retry_missed(instance) == []
+    instance.add_instigator_state(sensor_state("ai_pipeline", time.time()))
+    assert start_planned_runs(instance, [backfill_id]) == 3
+    backfill = instance.get_backfill(backfill_id)
+    assert backfill is not None
+    run = instance.get_run_by_id(backfill.reserved_run_ids[0])
+    assert run is not None
+    instance.report_run_failed(run, "its launch was cut off")
+    failed = instance.get_run_by_id(run.run_id)
+    assert failed is not None and failed.tags["dagster/will_retry"] == "true"
+    if backfill_over:
+        instance.update_backfill(backfill.with_status(BulkActionStatus.CANCELED))
+
+    later = time.time() + GRACE_SECONDS + 1
+    assert retry_missed(instance) == [], "within the grace the retry is the daemon's"
+    retried = retry_missed(instance, now=later)
+    retries = instance.get_runs(dg.RunsFilter(tags={"dagster/parent_run_id": run.run_id}))
+    if backfill_over:
+        assert (retried, retries) == ([], [])
+        return
+    assert retried == [run.run_id]
+    (retry,) = retries
+    assert retry.status == dg.DagsterRunStatus.QUEUED
+    assert retry.tags["dagster/backfill"] == backfill_id
+    assert retry.tags["dagster/retry_number"] == "1"
+    assert retry_missed(instance, now=later) == [], "once"

@@ -283,7 +283,13 @@ def test_a_60_section_document_killed_halfway_resumes_at_its_first_unfinished_se
             os.kill(pid, signal.SIGKILL)
         at_kill = llm.stats()["total"]
         done = wait_until(service, service.url, "acme", task, ["COMPLETED"])
-        (retry,) = instance.get_runs(dg.RunsFilter(tags={"dagster/retry_number": "1"}))
+        # The document is done before its run has written its own end.
+        retried = dg.RunsFilter(tags={"dagster/retry_number": "1"})
+        (retry,) = wait_for(
+            daemon,
+            "the retry run over",
+            lambda: [r for r in instance.get_runs(retried) if r.is_finished],
+        )
         assert retry.status == dg.DagsterRunStatus.SUCCESS
         assert done["status"] == "COMPLETED"
         assert done["sections"] == {"done": 60, "total": 60}

@@ -1,0 +1,71 @@
+"""Dagster's automatic retry of a failed run, made up for when its daemon missed the failure.
+
+Dagster 1.13 stores a run's failure event before it updates the run's status and sets its
+``dagster/will_retry`` tag (``handle_new_event``). The daemon's event-log consumer reads new
+failure events every 5 s and retries the runs they name that are FAILURE and marked to retry; one
+that reads the event inside that gap finds the run still STARTING or STARTED, passes over it, and
+moves its cursor past the event for good. The run then says it will be retried and never is, and
+its backfill waits for that retry for ever ("will be retried, but retries have not been
+launched"). It happened here under load, a run failed by the run monitor as the daemon started.
+
+``retry_missed`` retries such runs the daemon's way (``dagster_private.retry_failed_run``: from
+failure, tagged as its retry, only if the daemon's rules still say so), from the code location the
+daemon runs (``start_runs.daemon_workspace``), once the failure is ``GRACE_SECONDS`` old: the
+consumer would have retried it long before. The reconcile sensor calls it every tick; a run the
+daemon did retry carries the retry's id in ``dagster/auto_retry_run_id`` and is not looked at.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import dagster as dg
+
+from ai_pipeline.defs.dagster_private import (
+    AUTO_RETRY_RUN_ID_TAG,
+    WILL_RETRY_TAG,
+    retry_failed_run,
+)
+from ai_pipeline.defs.site import DEFAULT_SITE, Site
+from ai_pipeline.defs.start_runs import daemon_workspace
+
+# How old a failure is before its missing retry counts as missed (the consumer looks every 5 s).
+GRACE_SECONDS = 60.0
+# How far back to look: a retry still missing after a day is left to `backfill --failed`.
+LOOKBACK_SECONDS = 86_400.0
+
+
+def missed_retries(
+    instance: dg.DagsterInstance, *, now: float | None = None
+) -> list[dg.DagsterRun]:
+    """The failed runs marked to be retried, failed between ``LOOKBACK_SECONDS`` and
+    ``GRACE_SECONDS`` ago, that have no retry."""
+    now = time.time() if now is None else now
+    records = instance.get_run_records(
+        filters=dg.RunsFilter(
+            statuses=[dg.DagsterRunStatus.FAILURE],
+            tags={WILL_RETRY_TAG: "true"},
+            updated_after=datetime.fromtimestamp(now - LOOKBACK_SECONDS, UTC),
+            updated_before=datetime.fromtimestamp(now - GRACE_SECONDS, UTC),
+        )
+    )
+    return [r.dagster_run for r in records if AUTO_RETRY_RUN_ID_TAG not in r.dagster_run.tags]
+
+
+def retry_missed(
+    instance: dg.DagsterInstance, site: Site = DEFAULT_SITE, *, now: float | None = None
+) -> list[str]:
+    """Retry ``missed_retries`` from the daemon's code location; the ids of the runs retried
+    (none without a daemon that ran lately: the daemon's consumer then has not looked yet)."""
+    runs = missed_retries(instance, now=now)
+    if not runs:
+        return []
+    retried = []
+    with daemon_workspace(instance, site) as context:
+        if context is None:
+            return []
+        for run in runs:
+            if retry_failed_run(run, context):
+                retried.append(run.run_id)
+    return retried
