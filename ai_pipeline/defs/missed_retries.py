@@ -12,7 +12,9 @@ launched"). It happened here under load, a run failed by the run monitor as the 
 failure, tagged as its retry, only if the daemon's rules still say so), from the code location the
 daemon runs (``start_runs.daemon_workspace``), once the failure is ``GRACE_SECONDS`` old: the
 consumer would have retried it long before. The reconcile sensor calls it every tick; a run the
-daemon did retry carries the retry's id in ``dagster/auto_retry_run_id`` and is not looked at.
+daemon did retry carries the retry's id in ``dagster/auto_retry_run_id`` and is not looked at,
+and one the daemon's rules no longer retry (its backfill over) is marked ``will_retry`` false, as
+the daemon marks a run it gives up on, so that no tick asks again (each asking writes an event).
 """
 
 from __future__ import annotations
@@ -68,4 +70,6 @@ def retry_missed(
         for run in runs:
             if retry_failed_run(run, context):
                 retried.append(run.run_id)
+            else:  # the daemon's rules say no (its backfill is over): not looked at again
+                instance.add_run_tags(run.run_id, {WILL_RETRY_TAG: "false"})
     return retried

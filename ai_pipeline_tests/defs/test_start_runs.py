@@ -172,6 +172,11 @@ def test_a_failed_run_whose_retry_was_missed_is_retried_once_after_the_grace(
     retries = instance.get_runs(dg.RunsFilter(tags={"dagster/parent_run_id": run.run_id}))
     if backfill_over:
         assert (retried, retries) == ([], [])
+        marked = instance.get_run_by_id(run.run_id)
+        assert marked is not None and marked.tags["dagster/will_retry"] == "false"
+        events = len(instance.all_logs(run.run_id))
+        assert retry_missed(instance, now=later) == []
+        assert len(instance.all_logs(run.run_id)) == events, "asked again"
         return
     assert retried == [run.run_id]
     (retry,) = retries
