@@ -20,7 +20,7 @@ import dagster as dg
 import pytest
 
 from ai_pipeline.defs.backfills import backfill_ended
-from ai_pipeline.defs.dagster_private import BulkActionStatus
+from ai_pipeline.defs.dagster_private import BulkActionStatus, PartitionBackfill
 from ai_pipeline.defs.partitions import documents_partitions
 from ai_pipeline.defs.start_runs import daemon_location
 from ai_pipeline.failures import Category
@@ -412,6 +412,25 @@ def test_a_run_after_a_killed_run_takes_its_documents_over_at_once(
         assert store.results.count() == 40
 
 
+def backfill_over(
+    daemon: DagsterProcess, instance: dg.DagsterInstance, backfill_id: str, timeout: float
+) -> PartitionBackfill:
+    """The backfill once the daemon has ended it, whatever its status."""
+    return wait_for(
+        daemon,
+        "the backfill over",
+        lambda: (b := instance.get_backfill(backfill_id)) and backfill_ended(b) and b,
+        timeout=timeout,
+    )
+
+
+def assert_no_run_unfinished(instance: dg.DagsterInstance) -> None:
+    unfinished = instance.get_runs(
+        dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.QUEUED])
+    )
+    assert unfinished == []
+
+
 @pytest.mark.slow
 @pytest.mark.daemon
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
@@ -453,12 +472,7 @@ def test_a_backfill_outlives_a_killed_and_restarted_daemon(
         daemon.start()
         restarted = time.monotonic()
         try:
-            backfill = wait_for(
-                daemon,
-                "the backfill over",
-                lambda: (b := instance.get_backfill(backfill_id)) and backfill_ended(b) and b,
-                timeout=300,
-            )
+            backfill = backfill_over(daemon, instance, backfill_id, timeout=300)
         except pytest.fail.Exception:
             runs = instance.get_runs(dg.RunsFilter.for_backfill(backfill_id))
             print("the backfill's runs:", {r.run_id: r.status.value for r in runs})
@@ -478,10 +492,7 @@ def test_a_backfill_outlives_a_killed_and_restarted_daemon(
         docs = store.documents.rows(ids)
         assert {d.state for d in docs} == {State.COMPLETED}
         assert store.results.count() == len(ids)
-        unfinished = instance.get_runs(
-            dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.QUEUED])
-        )
-        assert unfinished == []
+        assert_no_run_unfinished(instance)
         assert {d for d in ids if calls[d] > 1} <= in_flight
         assert all(calls[d] >= 1 for d in ids)
 
@@ -546,12 +557,7 @@ def test_a_run_whose_launch_was_cut_off_is_failed_and_run_again(
         assert instance.get_run_by_id(cut_off).status == dg.DagsterRunStatus.STARTING
 
         daemon.start()
-        backfill = wait_for(
-            daemon,
-            "the backfill over",
-            lambda: (b := instance.get_backfill(backfill_id)) and backfill_ended(b) and b,
-            timeout=180,
-        )
+        backfill = backfill_over(daemon, instance, backfill_id, timeout=180)
 
         assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS
         failed = instance.get_run_by_id(cut_off)
@@ -559,8 +565,5 @@ def test_a_run_whose_launch_was_cut_off_is_failed_and_run_again(
         (retry,) = instance.get_runs(dg.RunsFilter(tags={"dagster/parent_run_id": cut_off}))
         assert retry.status == dg.DagsterRunStatus.SUCCESS
         assert retry.tags["dagster/backfill"] == backfill_id
-        unfinished = instance.get_runs(
-            dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.QUEUED])
-        )
-        assert unfinished == []
+        assert_no_run_unfinished(instance)
         assert_paid_once(llm, ids)
