@@ -175,6 +175,7 @@ def what_dagster_recorded(
     by_type: Counter[str] = Counter()
     queued, starting, stepping, launching, closing, ends = [], [], [], [], [], []
     dequeued: list[float] = []
+    step_bounds: dict[str, tuple[float, float]] = {}
     with dg.DagsterInstance.from_config(str(home)) as instance:
         records = instance.get_run_records()
         # The backfill daemon's start delay: the backfill launched → its first run created (the
@@ -199,6 +200,7 @@ def what_dagster_recorded(
                 queued.append(record.start_time - record.create_timestamp.timestamp())
                 starting.append(step[0] - record.start_time)
                 stepping.append(step[1] - step[0])
+                step_bounds[run_id] = (step[0], step[1])
                 closing.append(record.end_time - step[1])
                 ends.append(record.end_time)
                 if starting_at:
@@ -225,7 +227,58 @@ def what_dagster_recorded(
         "mean_seconds_dequeued_to_worker_up": mean(launching),
         "mean_seconds_step_end_to_run_end": mean(closing),
         "last_run_end": max(ends) if ends else None,
+        "step_bounds": step_bounds,
     }
+
+
+def replies_in_steps(
+    database_url: str, step_bounds: dict[str, tuple[float, float]]
+) -> dict[str, float | None]:
+    """Where a run's step went around its LLM calls: the step's start → its first reply stored
+    (the first request sent, plus one call), and its last reply stored → the step's end (the
+    last documents' bookkeeping and events) — from the analysis checkpoints' times, by the run
+    that settled each document."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(database_url.replace("postgresql://", "postgresql+psycopg2://", 1))
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT d.run_id, MIN(c.created_at), MAX(c.created_at) FROM checkpoints c "
+                    "JOIN documents d ON d.document_id = c.document_id "
+                    "WHERE c.step = 'analyse' GROUP BY d.run_id"
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    heads, tails = [], []
+    for run_id, first, last in rows:
+        if run_id not in step_bounds:
+            continue
+        start, end = step_bounds[run_id]
+        first_at, last_at = (_epoch(v) for v in (first, last))
+        heads.append(first_at - start)
+        tails.append(end - last_at)
+
+    def mean(values: list[float]) -> float | None:
+        return round(sum(values) / len(values), 2) if values else None
+
+    return {
+        "mean_seconds_step_start_to_first_reply": mean(heads),
+        "mean_seconds_last_reply_to_step_end": mean(tails),
+    }
+
+
+def _epoch(value: Any) -> float:
+    """A timestamp column's value (a datetime, or SQLite's text) as seconds since the epoch."""
+    from datetime import datetime, timezone
+
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return float(value.timestamp())
 
 
 def runs_ended(home: Path, env: dict[str, str], timeout: float = 3600.0) -> None:
@@ -331,6 +384,7 @@ def one_pass(
     out = json.loads(first.stdout)
     events, timing = what_dagster_recorded(home, env, args.runs)
     latency_ms = llm_latency_seen_by_runs(env["AI_PIPELINE_DATABASE_URL"])
+    timing.update(replies_in_steps(env["AI_PIPELINE_DATABASE_URL"], timing.pop("step_bounds")))
     if drop is not None:
         drop()
     requests = simulator.stats()["total"] - requests_before - again_requests
