@@ -51,3 +51,35 @@ class Progress:
             if pending:
                 text += f" · ETA {_duration(pending / rate)}"
         return text
+
+
+@dataclass
+class Pace:
+    """How long to wait before looking again at ``total`` documents being worked on: ``longest``
+    while the end is far, shorter as it nears — a quarter of the time left at the rate seen so
+    far, down to ``shortest`` — so a waiting command notices the last document within a fraction
+    of a second without asking the database several times a second for the whole batch."""
+
+    total: int
+    longest: float = 1.0
+    shortest: float = 0.2
+    clock: Callable[[], float] = time.monotonic
+    _first: tuple[float, int] | None = field(init=False, default=None)
+    _left: int | None = field(init=False, default=None)
+    _rate: float = field(init=False, default=0.0)
+
+    def saw(self, counts: Mapping[State, int]) -> None:
+        """What the documents stand at now."""
+        ended = counts.get(State.COMPLETED, 0) + sum(counts.get(s, 0) for s in FAILED_STATES)
+        now = self.clock()
+        if self._first is None:
+            self._first = (now, ended)
+        began, ended_then = self._first
+        if now > began:
+            self._rate = (ended - ended_then) / (now - began)
+        self._left = max(self.total - ended, 0)
+
+    def next_wait(self) -> float:
+        if self._left is None or self._rate <= 0:
+            return self.longest
+        return min(self.longest, max(self.shortest, self._left / self._rate / 4))

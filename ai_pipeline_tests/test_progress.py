@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 from ai_pipeline.cli.common import Console
-from ai_pipeline.progress import Progress
+from ai_pipeline.progress import Pace, Progress
 from ai_pipeline.states import State
 
 
@@ -29,6 +29,26 @@ def test_the_line_counts_done_failed_pending_with_rate_and_eta() -> None:
     clock.now += 90
     line = progress.line({State.COMPLETED: 990, State.FAILED: 10})
     assert line == "990/1000 done, 10 failed, 0 pending · 9.0 docs/s"
+
+
+def test_a_wait_looks_every_second_until_the_end_nears_then_more_often() -> None:
+    """No rate yet: the longest wait. Then a quarter of the time left at the rate seen, never
+    below the shortest: 800 left at 20 docs/s is 40 s away (1 s), 20 left is 1 s away (0.25 s),
+    2 left is 0.1 s away (0.2 s)."""
+    clock = Clock()
+    pace = Pace(1000, clock=clock)
+    assert pace.next_wait() == 1.0
+    pace.saw({State.RUNNING: 16})
+    assert pace.next_wait() == 1.0, "nothing ended yet: no rate"
+    clock.now += 10
+    pace.saw({State.COMPLETED: 190, State.FAILED: 10})
+    assert pace.next_wait() == 1.0
+    clock.now += 39
+    pace.saw({State.COMPLETED: 970, State.DEAD_LETTER: 10})
+    assert pace.next_wait() == 0.25
+    clock.now += 0.9
+    pace.saw({State.COMPLETED: 988, State.CANCELLED: 10})
+    assert pace.next_wait() == 0.2
 
 
 def test_long_etas_read_in_minutes_and_hours() -> None:

@@ -411,13 +411,14 @@ def wait_for_backfill(
     backfill_id: str,
     *,
     timeout: float,
-    poll: float = 2.0,
+    poll: float | Callable[[], float] = 2.0,
     on_poll: Callable[[], None] | None = None,
     ended_in: Callable[[list[str]], bool] | None = None,
     all_completed: Callable[[], bool] | None = None,
 ) -> str:
     """Wait until the backfill is done (the daemon must be running); returns its final status.
-    ``on_poll`` is called at every poll (to show progress). With ``ended_in`` (whether all the
+    ``poll``: the seconds between two looks, or what gives them at each look. ``on_poll`` is
+    called at every poll (to show progress). With ``ended_in`` (whether all the
     backfill's documents ended in these runs), it returns as soon as the work is done
     (``settled_status``) instead of waiting for the daemon to record it; with ``all_completed``
     too, as soon as the last document has settled (``documents_settled_status``), before its run
@@ -444,4 +445,4 @@ def wait_for_backfill(
                 f"backfill {backfill_id} still {backfill.status.value} after {timeout:g} s "
                 "(is dagster-daemon running?)"
             )
-        time.sleep(poll)
+        time.sleep(poll() if callable(poll) else poll)

@@ -46,7 +46,7 @@ from ai_pipeline.intake import (
     register_files,
     unique_in_order,
 )
-from ai_pipeline.progress import Progress
+from ai_pipeline.progress import Pace, Progress
 from ai_pipeline.reconcile import RUN_OVER, reconcile
 from ai_pipeline.reporting import status_report
 from ai_pipeline.review import approve as record_approval
@@ -194,12 +194,20 @@ class Launcher:
         self.progress(f"waiting for backfill {backfill_id} (run by the daemon) …")
         show = self._watching(document_ids)
         targeted = list(document_ids if targeted is None else targeted)
+        # Every second while the end is far, more often as the last documents settle.
+        pace = Pace(len(set(targeted)))
+        store = self.store
+
+        def polled() -> None:
+            pace.saw(store.documents.count_by_state(targeted))
+            show(False)
+
         status = wait_for_backfill(
             self.instance,
             backfill_id,
             timeout=timeout,
-            poll=1.0,
-            on_poll=lambda: show(False),
+            poll=pace.next_wait,
+            on_poll=polled,
             ended_in=lambda run_ids: self.store.documents.ended_in(targeted, run_ids),
             all_completed=lambda: self._all_completed(targeted),
         )
