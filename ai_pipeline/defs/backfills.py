@@ -40,7 +40,9 @@ from typing import Any
 import dagster as dg
 
 from ai_pipeline.defs.dagster_private import (
+    AUTO_RETRY_RUN_ID_TAG,
     BULK_ACTION_TERMINAL_STATUSES,
+    WILL_RETRY_TAG,
     BulkActionStatus,
     PartitionBackfill,
     make_new_backfill_id,
@@ -342,7 +344,7 @@ def settled_status(
     them — so no run is left to launch. Dagster's backfill daemon records that status on its next
     loop, up to 30 s later; None while there is work left (or the runs say nothing yet)."""
     runs = instance.get_runs(dg.RunsFilter(tags={DAGSTER_BACKFILL_TAG: backfill_id}))
-    if not runs or not all(r.is_finished for r in runs):
+    if not runs or not all(r.is_finished for r in runs) or retry_pending(instance, runs):
         return None
     if not ended_in([r.run_id for r in runs]):
         return None
@@ -350,6 +352,22 @@ def settled_status(
     return (
         BulkActionStatus.COMPLETED_SUCCESS if succeeded else BulkActionStatus.COMPLETED_FAILED
     ).value
+
+
+def retry_pending(instance: dg.DagsterInstance, runs: Sequence[dg.DagsterRun]) -> bool:
+    """Whether one of these runs failed and the daemon may yet retry it (the instance's
+    ``run_retries``): Dagster sets a failed run's ``dagster/will_retry`` tag just after its
+    status, and the daemon creates the retry — under the same backfill tag — on its next look.
+    Until then the documents the failed run left are FAILED, yet the backfill's work is not
+    over: a worker host lost mid-run is retried on another, and the batch completes."""
+    if not instance.run_retries_enabled:
+        return False
+    return any(
+        r.status == dg.DagsterRunStatus.FAILURE
+        and AUTO_RETRY_RUN_ID_TAG not in r.tags
+        and r.tags.get(WILL_RETRY_TAG, "true") == "true"
+        for r in runs
+    )
 
 
 # The run statuses in which a run has begun its documents (or is over).
@@ -374,7 +392,7 @@ def documents_settled_status(
     # A run not yet begun still has its documents ahead of it: no need to ask the store.
     if not runs or not all(r.status in _STARTED_OR_OVER for r in runs):
         return None
-    if not ended_in([r.run_id for r in runs]):
+    if not ended_in([r.run_id for r in runs]) or retry_pending(instance, runs):
         return None
     if all(r.is_finished for r in runs):
         return settled_status(instance, backfill_id, ended_in)

@@ -38,6 +38,7 @@ from ai_pipeline.defs.backfills import (
     launch_backfill,
     plan_runs,
     planned_run_size,
+    retry_pending,
     wait_for_backfill,
 )
 from ai_pipeline.defs.checks import CHECK_SPECS
@@ -902,3 +903,24 @@ def test_wait_returns_when_the_last_document_settles_not_when_its_run_closes(
     assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED  # type: ignore[union-attr]
     recorded = instance.get_backfill(backfill_id)
     assert recorded is not None and recorded.status == BulkActionStatus.REQUESTED
+
+
+def test_a_failed_run_the_daemon_may_yet_retry_keeps_its_backfill_unsettled(
+    instance: dg.DagsterInstance,
+) -> None:
+    """A worker lost mid-run: its run FAILED, its documents failed RUN_INTERRUPTED, and the daemon
+    retries it a moment later. Until the retry exists — also in the instant before Dagster tags
+    the failed run ``will_retry`` — a ``--wait`` must not call the backfill over."""
+    assert instance.run_retries_enabled, "the checkout's dagster.yaml retries failed runs"
+
+    def run(status: dg.DagsterRunStatus, **tags: str) -> dg.DagsterRun:
+        return dg.DagsterRun(job_name="__ASSET_JOB", status=status, tags=tags)
+
+    done = run(dg.DagsterRunStatus.SUCCESS)
+    failed = dg.DagsterRunStatus.FAILURE
+    assert not retry_pending(instance, [done])
+    assert retry_pending(instance, [done, run(failed)]), "not tagged yet: undecided"
+    assert retry_pending(instance, [done, run(failed, **{"dagster/will_retry": "true"})])
+    assert not retry_pending(instance, [done, run(failed, **{"dagster/will_retry": "false"})])
+    retried = {"dagster/will_retry": "true", "dagster/auto_retry_run_id": "r2"}
+    assert not retry_pending(instance, [done, run(failed, **retried)]), "its retry is a run"
