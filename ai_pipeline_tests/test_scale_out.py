@@ -278,3 +278,96 @@ def test_a_lost_worker_host_fails_its_runs_and_the_batch_completes_on_the_other(
         rows = conn.execute(sa.text("select count(*) from results")).scalar_one()
     engine.dispose()
     assert rows == DOCUMENTS
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.scaleout
+@pytest.mark.latency_ms(4000)
+def test_a_drained_worker_host_finishes_its_runs_and_takes_no_more(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """A worker host drained mid-batch with the command of docs/scale-out.md (Celery's warm
+    shutdown over the broker): its runs in flight finish there and succeed — run monitoring's
+    health check keeps them healthy although the draining worker answers no ping, because their
+    processes still beat — its worker then exits, the rest of the batch runs on the other host,
+    and no document is paid twice (a drain is not a crash)."""
+    import subprocess
+
+    import dagster as dg
+
+    from ai_pipeline.defs.celery_worker import WORKER_HOST_TAG
+    from ai_pipeline.states import State
+    from ai_pipeline_tests.dagster_procs import wait_for
+    from ai_pipeline_tests.support import doc_id, results_store
+
+    texts = [sample_text(i) for i in range(DOCUMENTS)]
+    inbox = make_inbox(tmp_path / "inbox", {f"doc{i:03}.txt": t for i, t in enumerate(texts)})
+    deployment.daemon.start()
+    wait_for_workers(deployment)
+    assert cli("submit", str(inbox), "--batch", "drain") == 0
+    drained, other = deployment.network.hosts
+    node = f"worker-{drained.name}@{drained.name}"
+    simulator: Any = deployment.simulator
+    with dg.DagsterInstance.get() as instance:
+        launcher: Any = instance.run_launcher
+
+        def running_on_drained_host() -> list:
+            started = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+            return [r for r in started if r.tags.get(WORKER_HOST_TAG) == drained.name]
+
+        wait_for(deployment.daemon, f"a run on {drained.name}", running_on_drained_host, 180)
+        # Its first calls answered: the run is mid-way.
+        wait_for(deployment.daemon, "LLM calls", lambda: simulator.stats()["total"] >= 8, 120)
+        in_flight = running_on_drained_host()
+        drain = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "celery"),
+                *("-A", "dagster_celery.app", "-b", os.environ["AI_PIPELINE_CELERY_BROKER"]),
+                *("control", "shutdown", "-d", node),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        drained_at = time.time()
+        # 69: "No nodes replied" — a shutdown sends no reply (docs/scale-out.md).
+        assert drain.returncode in (0, 69), drain.stderr
+        wait_for(
+            deployment.daemon,
+            f"{node} to stop answering",
+            lambda: not launcher.celery.control.ping(destination=[node], timeout=1),
+            60,
+        )
+        # What run monitoring asks of each started run while the drained worker is silent.
+        checked = []
+        for run in in_flight:
+            current = instance.get_run_by_id(run.run_id)
+            if current is not None and current.status == dg.DagsterRunStatus.STARTED:
+                checked.append(launcher.check_run_worker_health(current).status.name)
+        print(f"drained {node} with {len(in_flight)} runs in flight; health: {checked}")
+        assert checked and set(checked) == {"RUNNING"}, checked
+        wait_for(
+            deployment.daemon, f"{drained.name}'s worker to exit", lambda: not drained.pids(), 180
+        )
+
+    code = cli("submit", str(inbox), "--batch", "drain", "--wait", "--timeout", "400")
+    ids = [doc_id(t) for t in texts]
+    paid = [simulator.requests_for(task_of(d)) for d in ids]
+    with dg.DagsterInstance.get() as instance:
+        runs = wait_for_runs_to_end(deployment, instance, 120)
+        records = instance.get_run_records()
+    statuses = {r.run_id: r.status for r in runs}
+    hosts = {r.run_id: r.tags.get(WORKER_HOST_TAG) for r in runs}
+    started_after = {
+        r.dagster_run.run_id for r in records if r.start_time and r.start_time > drained_at + 1
+    }
+    print(f"{len(runs)} runs, hosts {hosts}, {len(started_after)} started after the drain")
+    assert code == 0
+    assert set(statuses.values()) == {dg.DagsterRunStatus.SUCCESS}, statuses
+    assert all(hosts[r.run_id] == drained.name for r in in_flight), "finished where they ran"
+    assert started_after and all(hosts[r] == other.name for r in started_after), hosts
+    assert paid == [1] * DOCUMENTS, "a drain pays nothing twice"
+    counts = results_store().documents.count_by_state(ids)
+    assert counts.get(State.COMPLETED) == DOCUMENTS and not counts.get(State.RUNNING), counts

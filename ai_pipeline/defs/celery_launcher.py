@@ -5,8 +5,10 @@ run's Celery task in the result backend. A worker that dies — its host lost, i
 — never writes that state again: the task stays ``STARTED`` and Dagster's run monitoring would
 call the run healthy forever, its documents held. Here a ``STARTED`` task also has its worker (the
 node name the worker stored with that state) pinged over the broker; no answer within
-``PING_SECONDS`` means the run's worker is gone, and the run is reported ``FAILED`` to the
-monitoring daemon, which then fails the run (resuming stays off, see deploy/scale-out/dagster.yaml):
+``PING_SECONDS``, and no heartbeat of the run's own process within
+``celery_worker.HEARTBEAT_STALE_SECONDS`` (a worker being drained answers no ping while its runs
+finish), means the run's worker is gone, and the run is reported ``FAILED`` to the monitoring
+daemon, which then fails the run (resuming stays off, see deploy/scale-out/dagster.yaml):
 the reconcile sensor frees its documents and the daemon's run retries re-execute it on a live host.
 """
 
@@ -18,6 +20,7 @@ import dagster as dg
 from dagster_celery.launcher import CeleryRunLauncher
 from dagster_celery.tags import DAGSTER_CELERY_TASK_ID_TAG
 
+from ai_pipeline.defs.celery_worker import beating
 from ai_pipeline.defs.dagster_private import run_health
 
 # How long a worker has to answer a ping: its main process answers while its pool runs runs.
@@ -38,7 +41,9 @@ class LivenessCheckingCeleryRunLauncher(CeleryRunLauncher):
         if not worker:
             return result
         replies = self.celery.control.ping(destination=[worker], timeout=PING_SECONDS)
-        if replies:
+        if replies or beating(self.celery.backend, run.run_id):
+            # No reply, but the run beats: its worker is draining (a warm shutdown answers no
+            # ping), and the run goes on.
             return result
         return run_health(
             "FAILED",
