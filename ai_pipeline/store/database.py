@@ -74,6 +74,14 @@ def redact_url(url: str) -> str:
         return "<unparseable database URL>"
 
 
+# How long PostgreSQL keeps a session of the results database that sits idle inside a transaction:
+# every transaction of the store is a few statements back to back, so one idle this long belongs to
+# a client that is gone without the server knowing — a worker host lost with its link cut, its
+# connection half-open (or held open by a forwarder) — and whose row locks would otherwise block
+# every other run, sensor and command that touches those documents until TCP gives up on it.
+IDLE_IN_TRANSACTION_SECONDS = 30
+
+
 def make_engine(url: str) -> Engine:
     url = normalise_url(url)
     if url.startswith("sqlite"):
@@ -88,7 +96,15 @@ def make_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
-    return ping_when_idle(sa.create_engine(url, pool_size=10, max_overflow=20))
+    timeout_ms = int(IDLE_IN_TRANSACTION_SECONDS * 1000)
+    return ping_when_idle(
+        sa.create_engine(
+            url,
+            pool_size=10,
+            max_overflow=20,
+            connect_args={"options": f"-c idle_in_transaction_session_timeout={timeout_ms}"},
+        )
+    )
 
 
 def ping_when_idle(engine: Engine, idle_seconds: float | None = None) -> Engine:

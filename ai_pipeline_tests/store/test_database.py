@@ -267,3 +267,34 @@ def test_two_stores_created_at_once_on_a_fresh_database(tmp_path: Path, db_url: 
     for t in threads:
         t.join()
     assert errors == []
+
+
+@pytest.mark.postgres
+def test_a_silent_client_inside_a_transaction_loses_its_locks(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run on a lost worker host may die between two statements of a transaction, its
+    connection half-open (or held by a forwarder): PostgreSQL, not knowing it is gone, would keep
+    its row locks and block everyone who touches those documents. The store's sessions end when
+    idle in a transaction for ``IDLE_IN_TRANSACTION_SECONDS``, and the locks go with them."""
+    if not db_url.startswith("postgresql"):
+        pytest.skip("PostgreSQL's session setting")
+    monkeypatch.setattr(database, "IDLE_IN_TRANSACTION_SECONDS", 1)
+    engine = database.make_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE held (id int PRIMARY KEY, v int)"))
+        conn.execute(sa.text("INSERT INTO held VALUES (1, 0)"))
+    gone = engine.connect()
+    gone.begin()
+    gone.execute(sa.text("UPDATE held SET v = 1 WHERE id = 1"))  # then silent, never committing
+    started = time.monotonic()
+    with engine.begin() as conn:
+        # Without the setting this waits for ever; the statement timeout makes it a failure.
+        conn.execute(sa.text("SET LOCAL statement_timeout = '15s'"))
+        conn.execute(sa.text("UPDATE held SET v = 2 WHERE id = 1"))
+    waited = time.monotonic() - started
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT v FROM held")).scalar_one() == 2
+    assert waited < 10, waited
+    gone.invalidate()
+    engine.dispose()
