@@ -371,3 +371,57 @@ def test_a_drained_worker_host_finishes_its_runs_and_takes_no_more(
     assert paid == [1] * DOCUMENTS, "a drain pays nothing twice"
     counts = results_store().documents.count_by_state(ids)
     assert counts.get(State.COMPLETED) == DOCUMENTS and not counts.get(State.RUNNING), counts
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.scaleout
+@pytest.mark.latency_ms(1000)
+def test_a_batch_budget_holds_across_worker_hosts(deployment: Deployment, tmp_path: Path) -> None:
+    """``submit --budget-tokens N`` with the batch's runs on two hosts at once: every run reserves
+    against the one budget in the results database, so the tokens the simulator counted stay
+    within N; the documents left are held (BUDGET_REACHED, no call, nobody's review), and a
+    re-submission with a larger budget finishes them, one call each."""
+    import dagster as dg
+
+    from ai_pipeline.defs.celery_worker import WORKER_HOST_TAG
+    from ai_pipeline.failures import Category
+    from ai_pipeline.intake import BATCH_TAG, batch_key
+    from ai_pipeline.spend import batch_budget_key
+    from ai_pipeline.states import State
+    from ai_pipeline.store.rows import ReviewStatus
+    from ai_pipeline_tests.support import doc_id, results_store
+
+    texts = [sample_text(i) for i in range(DOCUMENTS)]
+    inbox = make_inbox(tmp_path / "inbox", {f"doc{i:03}.txt": t for i, t in enumerate(texts)})
+    ids = [doc_id(t) for t in texts]
+    budget = 20_000  # about a third of the batch
+    deployment.daemon.start()
+    wait_for_workers(deployment)
+    submit = ["submit", str(inbox), "--batch", "capped", "--wait", "--timeout", "300"]
+    assert cli(*submit, "--budget-tokens", str(budget)) == 1
+
+    simulator: Any = deployment.simulator
+    spent = simulator.stats()["tokens"]
+    assert 0 < spent <= budget
+    store = results_store()
+    with dg.DagsterInstance.get() as instance:
+        runs = wait_for_runs_to_end(deployment, instance)
+        runs = [r for r in runs if r.tags.get(BATCH_TAG) == batch_key(ids)]
+        paying = {
+            r.tags.get(WORKER_HOST_TAG) for r in runs if store.spend.for_run(r.run_id).attempts
+        }
+    assert paying == {h.name for h in deployment.network.hosts}, paying
+    docs = {d.document_id: d for d in store.documents.rows(ids)}
+    held = [d for d in ids if docs[d].category == Category.BUDGET_REACHED]
+    assert held and len(held) < DOCUMENTS
+    assert all(simulator.requests_for(task_of(d)) == 0 for d in held)
+    assert not [i for i in store.reviews.items(ReviewStatus.OPEN) if i.document_id in held]
+    state = store.spend.budget(batch_budget_key(batch_key(ids)))
+    assert state is not None and state.spent_tokens == spent and state.reserved_tokens == 0
+    print(f"{DOCUMENTS - len(held)} documents within {budget} tokens ({spent} spent)")
+
+    assert cli(*submit, "--budget-tokens", str(budget * 10)) == 0
+    assert {d.state for d in store.documents.rows(ids)} == {State.COMPLETED}
+    assert all(simulator.requests_for(task_of(d)) == 1 for d in ids)
