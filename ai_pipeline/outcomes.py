@@ -16,6 +16,7 @@ from ai_pipeline.retry import Log
 from ai_pipeline.review import send_to_review
 from ai_pipeline.states import IllegalTransition, State
 from ai_pipeline.store import Store
+from ai_pipeline.store.documents import ConcurrentChange
 from ai_pipeline.store.rows import StoredDocument
 
 
@@ -32,16 +33,34 @@ class Failure(Protocol):
     def task_id(self) -> str | None: ...
 
 
+# How many times a run starting a document reads it again after a concurrent move.
+START_ATTEMPTS = 3
+
+
 def start(store: Store, doc: StoredDocument, run_id: str | None) -> State:
     """Move a document (whose claim the caller holds, just loaded) to RUNNING along the legal path,
     in one update; returns the state it was in. COMPLETED and CANCELLED documents keep their
-    state: a rerun only re-reports their checkpoints."""
-    if doc.state in (State.COMPLETED, State.CANCELLED):
-        return doc.state
-    # From PENDING, FAILED or DEAD_LETTER through QUEUED; or RUNNING left behind by a run that died.
-    return store.documents.transition(
-        doc.document_id, State.RUNNING, through=State.QUEUED, run_id=run_id
-    )
+    state: a rerun only re-reports their checkpoints.
+
+    The claim keeps other runs away, not the reconciler: a document left RUNNING by a run that
+    died (a lost worker host) may be moved to FAILED, RUN_INTERRUPTED, between this update's read
+    and its write — the retry of that run meeting the reconcile sensor. The update's
+    compare-and-set then fails; the document is read again and started from where it is now."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        if doc.state in (State.COMPLETED, State.CANCELLED):
+            return doc.state
+        try:
+            # From PENDING, FAILED or DEAD_LETTER through QUEUED; or RUNNING left behind by a run
+            # that died.
+            return store.documents.transition(
+                doc.document_id, State.RUNNING, through=State.QUEUED, run_id=run_id
+            )
+        except ConcurrentChange:
+            fresh = store.documents.load(doc.document_id)
+            if fresh is None or attempt == START_ATTEMPTS:
+                raise
+            doc = fresh
+    raise AssertionError("unreachable")
 
 
 class Outcomes:

@@ -15,7 +15,7 @@ from ai_pipeline.documents import parse_document
 from ai_pipeline.engine import Analyser
 from ai_pipeline.failures import Category
 from ai_pipeline.llm import LLMClient
-from ai_pipeline.outcomes import requeue
+from ai_pipeline.outcomes import requeue, start
 from ai_pipeline.rehearsal.faults import SimulatorConfig
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.review import reject
@@ -23,6 +23,7 @@ from ai_pipeline.stages import STAGES, Stage, StageDone, StageFailed
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
 from ai_pipeline.store.database import StoreUnavailable
+from ai_pipeline.store.documents import ConcurrentChange
 from ai_pipeline.store.rows import ResultRow, ReviewStatus
 from ai_pipeline_tests.support import (
     TEST_API_KEY,
@@ -370,3 +371,35 @@ def test_a_document_waiting_for_another_runs_claim_leaves_its_place_in_the_windo
         **{d: 1 for d in free},
     }
     assert store.results.count() == 6
+
+
+def test_a_run_starting_a_document_the_reconciler_moves_at_that_instant_starts_it_anyway(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retry of a lost run takes a document left RUNNING by the dead run while the reconcile
+    sensor moves it to FAILED, RUN_INTERRUPTED: the retry's compare-and-set loses (seen in the
+    lost-host scale-out test: INTERNAL_ERROR "changed state concurrently"). It reads the document
+    again and starts it from FAILED."""
+    (doc_id,) = register(store, [sample_text(7)])
+    store.documents.transition(doc_id, State.RUNNING, through=State.QUEUED, run_id="dead")
+    stale = store.documents.load(doc_id)
+    assert stale is not None and stale.state == State.RUNNING
+    documents = store.documents
+    real = documents.transition
+    raced: list[str] = []
+
+    def transition(document_id: str, target: State, **kw: object) -> State:
+        if not raced:
+            # The reconciler's move lands between this update's read and its write.
+            raced.append(document_id)
+            real(
+                document_id, State.FAILED, category=Category.RUN_INTERRUPTED, expected_run_id="dead"
+            )
+            raise ConcurrentChange(f"document {document_id} changed state concurrently")
+        return real(document_id, target, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(documents, "transition", transition)
+
+    assert start(store, stale, "retry") == State.FAILED
+    now = store.documents.get(doc_id)
+    assert now is not None and (now.state, now.run_id) == (State.RUNNING, "retry")
