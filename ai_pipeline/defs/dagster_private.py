@@ -39,6 +39,8 @@ Each has no public equivalent in that release; when Dagster changes, this is the
   ``InProcessWorkspaceLoadTarget``, ``InProcessCodeLocationOrigin``, ``InstigatorType``: a launched
   backfill's planned runs submitted at once, as the backfill daemon submits them on its next loop
   (``ai_pipeline.defs.start_runs``), from the code location the daemon's sensor states name.
+- ``set_defs_state_storage`` (``defs_state_of``): definitions loaded in this process against a
+  given instance's defs state storage, not the one a context variable last named.
 - ``retry_run``, ``should_retry`` (through ``retry_failed_run``, imported when called),
   ``AUTO_RETRY_RUN_ID_TAG``, ``WILL_RETRY_TAG``: the daemon's own automatic retry of a failed run,
   made up for when its event-log consumer missed the failure (``ai_pipeline.defs.missed_retries``).
@@ -46,6 +48,7 @@ Each has no public equivalent in that release; when Dagster changes, this is the
 
 import logging
 import os
+from contextlib import AbstractContextManager
 from typing import Any
 
 from dagster import AssetKey, DagsterInstance, DagsterRun
@@ -151,6 +154,7 @@ __all__ = [
     "InProcessWorkspaceLoadTarget",
     "InstigatorType",
     "WorkspaceProcessContext",
+    "defs_state_of",
     "submit_asset_run",
     "AUTO_RETRY_RUN_ID_TAG",
     "WILL_RETRY_TAG",
@@ -160,8 +164,16 @@ __all__ = [
 def repository_of(definitions: Any, instance: DagsterInstance) -> Any:
     """``definitions.get_repository_def()``, built (once; Dagster caches it) against ``instance``'s
     defs state storage rather than whatever instance a context variable still names."""
-    with set_defs_state_storage(instance.defs_state_storage):
+    with defs_state_of(instance):
         return definitions.get_repository_def()
+
+
+def defs_state_of(instance: DagsterInstance) -> AbstractContextManager[None]:
+    """Definitions loaded within this load against ``instance``'s defs state storage. Dagster reads
+    it from a context variable that entering an instance sets and leaving it may not reset; one
+    naming an instance gone since fails every load ("Attempted to resolve undefined
+    DagsterInstance weakref")."""
+    return set_defs_state_storage(instance.defs_state_storage)
 
 
 def retry_failed_run(run: DagsterRun, context: Any) -> bool:

@@ -40,6 +40,7 @@ from ai_pipeline.defs.dagster_private import (
     InProcessWorkspaceLoadTarget,
     InstigatorType,
     WorkspaceProcessContext,
+    defs_state_of,
     submit_asset_run,
 )
 from ai_pipeline.defs.site import DEFAULT_SITE, Site
@@ -109,7 +110,9 @@ def daemon_workspace(instance: dg.DagsterInstance, site: Site = DEFAULT_SITE) ->
             location_name=origin.location_name,
         )
     )
-    with WorkspaceProcessContext(instance, target) as context:
+    # Loaded against this instance's defs state storage, not one a context variable may still
+    # name from an instance gone since (its load then fails: "undefined DagsterInstance weakref").
+    with defs_state_of(instance), WorkspaceProcessContext(instance, target) as context:
         if context.create_request_context().has_code_location_error(origin.location_name):
             log.info("code location %s does not load here", origin.location_name)
             yield None

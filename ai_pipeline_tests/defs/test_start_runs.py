@@ -125,6 +125,34 @@ def test_the_planned_runs_are_queued_once_under_their_reserved_ids(
     }
 
 
+def test_an_instance_gone_since_does_not_keep_the_runs_from_starting(
+    instance: dg.DagsterInstance, planned: tuple[str, Any], tmp_path: Path
+) -> None:
+    """Dagster finds the defs state storage a location loads with in a context variable, which
+    entering an instance sets and leaving it may not reset. Left naming an instance that is gone,
+    it failed the location's load here ("Attempted to resolve undefined DagsterInstance weakref"),
+    and the runs were left to the daemon's next loop (seen under the suite's load: a ``submit
+    --wait`` whose daemon loops every ten minutes timed out)."""
+    import gc
+
+    from dagster._core.storage.defs_state.base import DefsStateStorage, set_defs_state_storage
+
+    backfill_id, _ = planned
+    instance.add_instigator_state(sensor_state("ai_pipeline", time.time()))
+    (tmp_path / "gone").mkdir()
+    gone = dg.DagsterInstance.local_temp(str(tmp_path / "gone"))
+    stale = gone.defs_state_storage
+    assert stale is not None
+    with set_defs_state_storage(stale):
+        del gone
+        gc.collect()
+        assert DefsStateStorage.get() is stale
+        with pytest.raises(dg.DagsterInvariantViolationError, match="weakref"):
+            stale.get_latest_defs_state_info()
+
+        assert start_planned_runs(instance, [backfill_id]) == 3
+
+
 def test_only_the_first_wave_is_submitted_the_rest_left_to_the_daemon(
     dagster_home: Path, planned: tuple[str, Any]
 ) -> None:
