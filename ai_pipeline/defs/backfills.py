@@ -385,9 +385,11 @@ def documents_settled_status(
     """The status a running backfill is bound to end in, as soon as its last document has
     settled: every one of its documents ended (in the results store) in one of its runs, though
     those runs may still be writing their last events and closing. It is ``settled_status`` once
-    they are over; before, it follows from the documents, as the runs' own outcome does — a run
-    fails when one of its documents failed — so ``all_completed`` (every document COMPLETED)
-    means COMPLETED_SUCCESS. None while a document is still to settle."""
+    they are over; before, only ``all_completed`` (every document COMPLETED) settles it, as
+    COMPLETED_SUCCESS: a run still going may yet take up a document that failed in another run
+    (the daemon's retry of a run lost with its worker host takes up the documents that run left
+    FAILED, RUN_INTERRUPTED), so a failure is final only once every run is over. None while a
+    document is still to settle."""
     runs = instance.get_runs(dg.RunsFilter(tags={DAGSTER_BACKFILL_TAG: backfill_id}))
     # A run not yet begun still has its documents ahead of it: no need to ask the store.
     if not runs or not all(r.status in _STARTED_OR_OVER for r in runs):
@@ -396,10 +398,7 @@ def documents_settled_status(
         return None
     if all(r.is_finished for r in runs):
         return settled_status(instance, backfill_id, ended_in)
-    succeeded = all_completed()
-    return (
-        BulkActionStatus.COMPLETED_SUCCESS if succeeded else BulkActionStatus.COMPLETED_FAILED
-    ).value
+    return BulkActionStatus.COMPLETED_SUCCESS.value if all_completed() else None
 
 
 def settled_once_runs_end(

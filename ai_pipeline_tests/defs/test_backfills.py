@@ -35,6 +35,7 @@ from ai_pipeline.defs.assets import ANALYSIS_KEYS, ANALYSIS_RESULTS, LLM_ANALYSI
 from ai_pipeline.defs.backfills import (
     backfill_id_for,
     backfill_run_size,
+    documents_settled_status,
     launch_backfill,
     plan_runs,
     planned_run_size,
@@ -903,6 +904,61 @@ def test_wait_returns_when_the_last_document_settles_not_when_its_run_closes(
     assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED  # type: ignore[union-attr]
     recorded = instance.get_backfill(backfill_id)
     assert recorded is not None and recorded.status == BulkActionStatus.REQUESTED
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the wait knows no backend
+def test_a_document_failed_in_a_lost_run_is_not_settled_while_its_retry_runs(
+    instance: dg.DagsterInstance, tmp_path: Path
+) -> None:
+    """A run lost with its worker host: its documents are FAILED (RUN_INTERRUPTED) in it, and the
+    daemon's retry of it is STARTED, about to take them up. Every document has ended in one of the
+    backfill's runs, but the batch is not over: ``--wait``'s early answer must wait for the retry
+    (once seen: ``submit --wait`` exited 1 with 5 documents the retry then completed)."""
+    from ai_pipeline.definitions import defs
+    from ai_pipeline.failures import Category
+
+    inbox = make_inbox(tmp_path / "inbox", {f"d{i}.txt": sample_text(i) for i in range(3)})
+    ids = launcher(instance).register_inbox(inbox).document_ids
+    backfill_id = launch_backfill(
+        instance, repository_of(defs, instance).asset_graph, ids, title="t"
+    )
+    lost, retry = str(uuid.uuid4()), str(uuid.uuid4())
+    tags = {"dagster/backfill": backfill_id}
+    lost_tags = tags | {"dagster/will_retry": "true", "dagster/auto_retry_run_id": retry}
+    instance.add_run(
+        dg.DagsterRun(
+            job_name="analysis_job",
+            run_id=lost,
+            status=dg.DagsterRunStatus.FAILURE,
+            tags=lost_tags,
+        )
+    )
+    instance.add_run(
+        dg.DagsterRun(
+            job_name="analysis_job", run_id=retry, status=dg.DagsterRunStatus.STARTED, tags=tags
+        )
+    )
+    store = results_store()
+    for document in ids:
+        store.documents.transition(document, State.RUNNING, through=State.QUEUED, run_id=lost)
+    store.documents.transition(ids[0], State.COMPLETED)
+    for document in ids[1:]:
+        store.documents.transition(document, State.FAILED, category=Category.RUN_INTERRUPTED)
+
+    def settled() -> str | None:
+        return documents_settled_status(
+            instance,
+            backfill_id,
+            lambda runs: store.documents.ended_in(ids, runs),
+            lambda: store.documents.count_by_state(ids) == {State.COMPLETED: 3},
+        )
+
+    assert store.documents.ended_in(ids, [lost, retry])
+    assert settled() is None, "the retry is still to take up the two failed documents"
+    for document in ids[1:]:
+        store.documents.transition(document, State.RUNNING, through=State.QUEUED, run_id=retry)
+        store.documents.transition(document, State.COMPLETED)
+    assert settled() == "COMPLETED_SUCCESS"
 
 
 def test_a_failed_run_the_daemon_may_yet_retry_keeps_its_backfill_unsettled(
