@@ -132,11 +132,13 @@ class Host:
         return [int(p) for p in out.split()]
 
     def kill(self) -> None:
-        """The host dies: SIGKILL to every process in its namespace, and its link cut."""
+        """The host vanishes, as on a power loss: its link is cut first, so no peer hears its
+        connections close (the broker, PostgreSQL and the simulator keep them half-open), then
+        every process in its namespace is SIGKILLed."""
+        _ip("link", "set", self.veth, "down", check=False)
         for pid in self.pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        _ip("link", "set", self.veth, "down", check=False)
 
     def remove(self) -> None:
         for process in self.processes:

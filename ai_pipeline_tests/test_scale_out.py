@@ -425,3 +425,56 @@ def test_a_batch_budget_holds_across_worker_hosts(deployment: Deployment, tmp_pa
     assert cli(*submit, "--budget-tokens", str(budget * 10)) == 0
     assert {d.state for d in store.documents.rows(ids)} == {State.COMPLETED}
     assert all(simulator.requests_for(task_of(d)) == 1 for d in ids)
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.scaleout
+def test_the_review_queue_holds_what_runs_on_either_host_sent_it(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """Every tenth document of a batch answered with low confidence while its runs execute on two
+    hosts: each of those is one open review item, whichever host's run sent it (none twice, none
+    lost), after one call; approving them with the stored answer completes them with no call."""
+    import dagster as dg
+
+    from ai_pipeline.defs.celery_worker import WORKER_HOST_TAG
+    from ai_pipeline.failures import Category
+    from ai_pipeline.states import State
+    from ai_pipeline.store.rows import ReviewStatus
+    from ai_pipeline_tests.support import doc_id, results_store
+
+    texts = [sample_text(i) for i in range(DOCUMENTS)]
+    inbox = make_inbox(tmp_path / "inbox", {f"doc{i:03}.txt": t for i, t in enumerate(texts)})
+    ids = [doc_id(t) for t in texts]
+    unsure = ids[::10]
+    simulator: Any = deployment.simulator
+    simulator.set_faults([{"kind": "low_confidence", "match": task_of(d)} for d in unsure])
+    deployment.daemon.start()
+    wait_for_workers(deployment)
+    assert cli("submit", str(inbox), "--batch", "reviewed", "--wait", "--timeout", "240") == 1
+
+    store = results_store()
+    assert all(simulator.requests_for(task_of(d)) == 1 for d in ids)
+    docs = {d.document_id: d for d in store.documents.rows(ids)}
+    assert {(docs[d].state, docs[d].category) for d in unsure} == {
+        (State.FAILED, Category.LOW_CONFIDENCE)
+    }
+    assert {docs[d].state for d in ids if d not in unsure} == {State.COMPLETED}
+    items = store.reviews.items(ReviewStatus.OPEN)
+    assert sorted(i.document_id for i in items) == sorted(unsure)
+    with dg.DagsterInstance.get() as instance:
+        wait_for_runs_to_end(deployment, instance)
+        sent_from = {
+            instance.get_run_by_id(docs[d].run_id).tags.get(WORKER_HOST_TAG)  # type: ignore[arg-type, union-attr]
+            for d in unsure
+        }
+    assert sent_from == {h.name for h in deployment.network.hosts}, sent_from
+
+    for d in unsure:
+        assert cli("review", "approve", d, "--accept-output", "--by", "qa") == 0
+    assert {d.state for d in store.documents.rows(ids)} == {State.COMPLETED}
+    assert all(simulator.requests_for(task_of(d)) == 1 for d in ids), "no call to approve"
+    assert store.reviews.items(ReviewStatus.OPEN) == []
+    assert all(store.reviews.override(task_of(d)) is not None for d in unsure)
