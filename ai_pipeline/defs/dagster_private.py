@@ -169,9 +169,9 @@ def repository_of(definitions: Any, instance: DagsterInstance) -> Any:
 
 
 def defs_state_of(instance: DagsterInstance) -> AbstractContextManager[None]:
-    """Definitions loaded within this load against ``instance``'s defs state storage. Dagster reads
-    it from a context variable that entering an instance sets and leaving it may not reset; one
-    naming an instance gone since fails every load ("Attempted to resolve undefined
+    """Within it, definitions load against ``instance``'s defs state storage. Dagster reads that
+    storage from a context variable that entering an instance sets and leaving it may not reset;
+    one naming an instance gone since fails every load ("Attempted to resolve undefined
     DagsterInstance weakref")."""
     return set_defs_state_storage(instance.defs_state_storage)
 
