@@ -69,9 +69,11 @@ def deployment(
 ) -> Iterator[Deployment]:
     """Two worker hosts, the broker, PostgreSQL and the simulator on the bridge address only, and
     a daemon launching runs through CeleryRunLauncher; all of it removed at the end. The LLM's
-    latency in ms: the test's ``latency_ms`` mark (50 by default)."""
+    latency in ms: the test's ``latency_ms`` mark (50 by default); its ``global_cap`` mark sets
+    ``AI_PIPELINE_GLOBAL_LLM_CONCURRENCY`` on every host."""
     mark = request.node.get_closest_marker("latency_ms")
     latency_ms = int(mark.args[0]) if mark else 50
+    cap = request.node.get_closest_marker("global_cap")
     from ai_pipeline.rehearsal.faults import SimulatorConfig
     from ai_pipeline.rehearsal.simulator import SimulatorServer
 
@@ -107,6 +109,8 @@ def deployment(
                 "AI_PIPELINE_MODEL": TEST_MODEL,
                 "AI_PIPELINE_WORKER_RUNS": str(WORKER_RUNS),
             }
+            if cap:
+                env["AI_PIPELINE_GLOBAL_LLM_CONCURRENCY"] = str(cap.args[0])
             for name, value in env.items():
                 monkeypatch.setenv(name, value)
             # The venv's bin first: dagster-celery runs `celery` from PATH.
@@ -478,3 +482,42 @@ def test_the_review_queue_holds_what_runs_on_either_host_sent_it(
     assert all(simulator.requests_for(task_of(d)) == 1 for d in ids), "no call to approve"
     assert store.reviews.items(ReviewStatus.OPEN) == []
     assert all(store.reviews.override(task_of(d)) is not None for d in unsure)
+
+
+GLOBAL_CAP = 6
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.scaleout
+@pytest.mark.latency_ms(400)
+@pytest.mark.global_cap(GLOBAL_CAP)
+def test_the_global_cap_holds_across_worker_hosts(deployment: Deployment, tmp_path: Path) -> None:
+    """``AI_PIPELINE_GLOBAL_LLM_CONCURRENCY`` set to 6 on both hosts, whose four runs at once could
+    have 32 calls out: the endpoint never has more than 6 requests in flight, runs on both hosts
+    called it, every document is paid once and every slot is given back."""
+    import dagster as dg
+
+    from ai_pipeline.defs.celery_worker import WORKER_HOST_TAG
+    from ai_pipeline_tests.support import doc_id, results_store
+
+    texts = [sample_text(i) for i in range(DOCUMENTS)]
+    inbox = make_inbox(tmp_path / "inbox", {f"doc{i:03}.txt": t for i, t in enumerate(texts)})
+    ids = [doc_id(t) for t in texts]
+    deployment.daemon.start()
+    wait_for_workers(deployment)
+    assert cli("submit", str(inbox), "--batch", "capped", "--wait", "--timeout", "300") == 0
+
+    simulator: Any = deployment.simulator
+    stats = simulator.stats()
+    assert all(simulator.requests_for(task_of(d)) == 1 for d in ids)
+    assert stats["peak_in_flight"] == GLOBAL_CAP, stats["peak_in_flight"]
+    store = results_store()
+    with dg.DagsterInstance.get() as instance:
+        runs = wait_for_runs_to_end(deployment, instance)
+        calling = {
+            r.tags.get(WORKER_HOST_TAG) for r in runs if store.spend.for_run(r.run_id).attempts
+        }
+    assert calling == {h.name for h in deployment.network.hosts}, calling
+    assert [s.holder for s in store.call_slots.of(GLOBAL_CAP)] == [None] * GLOBAL_CAP
