@@ -54,6 +54,7 @@ from ai_pipeline.settings import Settings
 from ai_pipeline.spend import BUDGET_TAG, Budget
 from ai_pipeline.states import State
 from ai_pipeline.store import Store, open_store
+from ai_pipeline.store.documents import ENDED
 from ai_pipeline.store.rows import Decision, DocumentRow
 from ai_pipeline.tasks import SECTION_STEP_PREFIX
 
@@ -197,10 +198,20 @@ class Launcher:
         # Every second while the end is far, more often as the last documents settle.
         pace = Pace(len(set(targeted)))
         store = self.store
+        counted: dict[State, int] = {}
 
         def polled() -> None:
-            pace.saw(store.documents.count_by_state(targeted))
+            counted.clear()
+            counted.update(store.documents.count_by_state(targeted))
+            pace.saw(counted)
             show(False)
+
+        def ended_in(run_ids: list[str]) -> bool:
+            # While this poll's count has a document not ended, it has not: no need to ask which
+            # runs the others ended in (a second pass over every document, each poll).
+            if any(state not in ENDED for state in counted):
+                return False
+            return store.documents.ended_in(targeted, run_ids)
 
         status = wait_for_backfill(
             self.instance,
@@ -208,7 +219,7 @@ class Launcher:
             timeout=timeout,
             poll=pace.next_wait,
             on_poll=polled,
-            ended_in=lambda run_ids: self.store.documents.ended_in(targeted, run_ids),
+            ended_in=ended_in,
             all_completed=lambda: self._all_completed(targeted),
         )
         # A document whose run died is not pending: it failed, retryably — also one its run

@@ -857,7 +857,7 @@ def covered_by(request: dg.RunRequest, keys: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the wait knows no backend
 def test_wait_returns_when_the_last_document_settles_not_when_its_run_closes(
-    instance: dg.DagsterInstance, tmp_path: Path
+    instance: dg.DagsterInstance, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--wait``'s wait returns, with the status the backfill will end in, as soon as its last
     document has settled in the results store, while its run is still STARTED (closing) and
@@ -893,8 +893,14 @@ def test_wait_returns_when_the_last_document_settles_not_when_its_run_closes(
 
     for document in ids[:-1]:
         store.documents.transition(document, State.COMPLETED)
+    reads = []
+    read = instance.get_backfill
+    monkeypatch.setattr(instance, "get_backfill", lambda b: reads.append(b) or read(b))
     with pytest.raises(TimeoutError):
         wait(0.3)  # the last document is still RUNNING
+    # Settled from the documents, the wait reads the backfill itself (every partition it
+    # targets, deserialized) once, not at each of its six polls.
+    assert reads == [backfill_id]
     store.documents.transition(ids[-1], State.COMPLETED)
     started = time.monotonic()
 
