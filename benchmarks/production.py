@@ -13,14 +13,16 @@ returned, and until the last run ended: the daemon notices a backfill's end up t
 where a run's time went (queued, worker start, step), CPU seconds per document summed over every
 process below this one (sampled from /proc twice a second: the daemon, its code server, the run
 workers, the ``submit`` command; this process — the simulator — is reported apart), Dagster
-event-log entries per document, and the peak resident memory of a run worker. Then it submits the
+event-log entries per document, the bytes on disk of the event log and of the results database,
+and the peak resident memory of a run worker; with ``--ui-timeout``, how long the Dagster UI's
+pages take to show the batch (``scale.ui_pages``, headless Chromium). Then it submits the
 same folder again: every document is done, so that pass must make no LLM request and start no
 run; its time is reported as a share of the first pass. ``--peer-documents`` runs the one-run-per-document peer through the same
 path (``AI_PIPELINE_BACKFILL_RUN_SIZE=1``) and reports the ratio of seconds per document.
 
     python benchmarks/production.py [--documents 1000] [--latency-ms 1000] [--concurrency 16]
         [--runs 4] [--run-size N] [--backend sqlite|postgres] [--dagster-postgres-storage]
-        [--peer-documents 0] [--no-compile] [--json]
+        [--peer-documents 0] [--no-compile] [--ui-timeout S] [--json]
 
 The checkout's package is compiled to bytecode first, as an installed one is
 (``compile_like_an_install``); ``--no-compile`` leaves it as it is.
@@ -322,6 +324,48 @@ def llm_latency_seen_by_runs(database_url: str) -> float | None:
     return round(sum(values) / len(values), 1) if values else None
 
 
+def _bytes_under(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def storage_bytes(home: Path, database_url: str) -> dict[str, int]:
+    """Bytes on disk after the batch: Dagster's event log (on SQLite its ``storage/`` folder,
+    the index and every run's shard; on PostgreSQL the ``event_logs`` table with its indexes and
+    the tables beside it that index events) and the results database (the product's tables)."""
+    if not database_url.startswith("postgresql"):
+        return {
+            "event_log_bytes": _bytes_under(home / "storage"),
+            "run_storage_bytes": _bytes_under(home / "history"),
+            "results_database_bytes": sum(
+                f.stat().st_size for f in home.glob("ai_pipeline.sqlite*") if f.is_file()
+            ),
+        }
+    import sqlalchemy as sa
+
+    from ai_pipeline.store.tables import metadata
+
+    def total(conn: Any, tables: list[str]) -> int:
+        query = sa.text(
+            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'public' AND c.relkind = 'r' AND c.relname = ANY(:names)"
+        )
+        return int(conn.execute(query, {"names": tables}).scalar_one())
+
+    engine = sa.create_engine(database_url.replace("postgresql://", "postgresql+psycopg2://", 1))
+    try:
+        with engine.connect() as conn:
+            return {
+                "event_log_bytes": total(
+                    conn, ["event_logs", "asset_keys", "asset_event_tags", "asset_check_executions"]
+                ),
+                "run_storage_bytes": total(conn, ["runs", "run_tags", "bulk_actions"]),
+                "results_database_bytes": total(conn, list(metadata.tables)),
+            }
+    finally:
+        engine.dispose()
+
+
 def one_pass(
     root: Path, name: str, n: int, args: argparse.Namespace, simulator: Any, run_size: int | None
 ) -> dict[str, Any]:
@@ -388,6 +432,13 @@ def one_pass(
     events, timing = what_dagster_recorded(home, env, args.runs)
     latency_ms = llm_latency_seen_by_runs(env["AI_PIPELINE_DATABASE_URL"])
     timing.update(replies_in_steps(env["AI_PIPELINE_DATABASE_URL"], timing.pop("step_bounds")))
+    sizes = storage_bytes(home, env["AI_PIPELINE_DATABASE_URL"])
+    if args.ui_timeout is not None and name == "main":
+        from scale import launched, ui_pages
+
+        timing.update(
+            ui_pages(home, env, launched(out), args.ui_timeout, partitions_shown="Materialized")
+        )
     if drop is not None:
         drop()
     requests = simulator.stats()["total"] - requests_before - again_requests
@@ -414,6 +465,10 @@ def one_pass(
         "llm_requests": requests,
         "mean_llm_latency_ms_seen_by_runs": latency_ms,
         "run_worker_peak_rss_mb": round(watch.peak_worker_kib / 1024, 1),
+        "backfills": len(out.get("backfill_ids") or [out.get("backfill_id")]),
+        **sizes,
+        "event_log_bytes_per_document": round(sizes["event_log_bytes"] / n),
+        "results_database_bytes_per_document": round(sizes["results_database_bytes"] / n),
         **timing,
         "resubmit_wall_seconds": round(again_wall, 2),
         "resubmit_over_first_pass": round(again_wall / wall, 4),
@@ -470,6 +525,15 @@ def main() -> int:
         "--no-compile",
         action="store_true",
         help="leave the checkout's package without bytecode (see compile_like_an_install)",
+    )
+    parser.add_argument(
+        "--ui-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="after the batch, time the Dagster UI's pages in headless Chromium (the partitions "
+        "page, the backfills list, the first backfill's page), each waited for at most S "
+        "seconds; default: no UI",
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
