@@ -286,7 +286,7 @@ def _epoch(value: Any) -> float:
     return float(value.timestamp())
 
 
-def runs_ended(home: Path, env: dict[str, str], timeout: float = 3600.0) -> None:
+def runs_ended(home: Path, env: dict[str, str], timeout: float = 36000.0) -> None:
     """Returns when no run of the instance is queued, starting, running or being cancelled."""
     import dagster as dg
 
