@@ -41,6 +41,7 @@ def test_definitions_load() -> None:
         "approvals_sensor",
         "reconcile_sensor",
         "nightly_report_sensor",
+        "backfill_planner",
     }
     assert {s.name for s in repo.schedule_defs} == {"nightly_retry_schedule"}
     assert {j for j in repo.job_names if not j.startswith("__")} == {

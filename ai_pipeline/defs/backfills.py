@@ -255,23 +255,26 @@ def run_request_for(
     )
 
 
-def _with_planned_runs(
+def with_planned_runs(
     instance: dg.DagsterInstance,
     asset_graph: Any,
     backfill: Any,
     document_ids: Sequence[str],
     site: Site,
     run_size: int | None = None,
+    asset_keys: Sequence[dg.AssetKey] = (),
 ) -> Any:
     """``backfill`` handed to the daemon with its runs planned (``plan_runs``) in runs of
-    ``run_size`` (None: ``planned_run_size``): the daemon submits them as it resumes a backfill
-    whose runs it had planned, and plans none itself."""
+    ``run_size`` (None: ``planned_run_size``) of ``asset_keys`` (none: all of the analysis's)
+    and their checks: the daemon submits them as it resumes a backfill whose runs it had
+    planned, and plans none itself."""
     keys = instance.get_dynamic_partitions(site.partitions)
     run_size = run_size or planned_run_size(instance, len(document_ids))
     position = {key: i for i, key in enumerate(keys)}
-    check_keys = list(asset_graph.get_check_keys_for_assets(set(site.keys)))
+    selected = list(asset_keys or site.keys)
+    check_keys = list(asset_graph.get_check_keys_for_assets(set(selected)))
     requests = [
-        run_request_for(run, position, site.keys, check_keys, site.op)
+        run_request_for(run, position, selected, check_keys, site.op)
         for run in plan_runs(document_ids, keys, run_size)
     ]
     data = backfill.asset_backfill_data
@@ -323,7 +326,7 @@ def launch_backfill(
         run_config=None,
     )
     if not include:
-        backfill = _with_planned_runs(instance, asset_graph, backfill, document_ids, site, run_size)
+        backfill = with_planned_runs(instance, asset_graph, backfill, document_ids, site, run_size)
     instance.add_backfill(backfill)
     return backfill_id
 

@@ -41,6 +41,11 @@ Each has no public equivalent in that release; when Dagster changes, this is the
   (``ai_pipeline.defs.start_runs``), from the code location the daemon's sensor states name.
 - ``set_defs_state_storage`` (``defs_state_of``): definitions loaded in this process against a
   given instance's defs state storage, not the one a context variable last named.
+- ``BulkActionsTable``, ``db_select``, ``deserialize_value`` and the run storage's ``connect``
+  (through ``replace_backfill``): a
+  backfill the UI created, re-planned by the code location's backfill planner only if nobody
+  wrote it since it was read (``update_backfill`` writes whatever was there), so that it is
+  either Dagster's plan or ours, never both (``ai_pipeline.defs.backfill_planner``).
 - ``retry_run``, ``should_retry`` (through ``retry_failed_run``, imported when called),
   ``AUTO_RETRY_RUN_ID_TAG``, ``WILL_RETRY_TAG``: the daemon's own automatic retry of a failed run,
   made up for when its event-log consumer missed the failure (``ai_pipeline.defs.missed_retries``).
@@ -48,6 +53,7 @@ Each has no public equivalent in that release; when Dagster changes, this is the
 
 import logging
 import os
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -75,12 +81,13 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     SqliteEventLogStorage,
     SqliteEventLogStorageWatchdog,
 )
+from dagster._core.storage.sqlalchemy_compat import db_select
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.storage.tags import AUTO_RETRY_RUN_ID_TAG, BACKFILL_ID_TAG, WILL_RETRY_TAG
 from dagster._core.utils import make_new_backfill_id, make_new_run_id
 from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
-from dagster._serdes import ConfigurableClassData, serialize_value
+from dagster._serdes import ConfigurableClassData, deserialize_value, serialize_value
 from dagster_shared.record import copy as copy_record
 
 PLANNED_EVENTS_SWITCH = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
@@ -174,6 +181,35 @@ def defs_state_of(instance: DagsterInstance) -> AbstractContextManager[None]:
     one naming an instance gone since fails every load ("Attempted to resolve undefined
     DagsterInstance weakref")."""
     return set_defs_state_storage(instance.defs_state_storage)
+
+
+def replace_backfill(
+    instance: DagsterInstance,
+    backfill_id: str,
+    change: Callable[[PartitionBackfill], PartitionBackfill | None],
+) -> PartitionBackfill | None:
+    """The backfill ``change(backfill)`` made of the stored one, stored in its place only if its
+    record is still the one read (compare and set on the stored body); None when ``change``
+    made nothing or the record changed in between."""
+    from dagster._core.storage.runs.schema import BulkActionsTable
+
+    storage = instance.run_storage
+    with storage.connect() as conn:  # type: ignore[attr-defined]
+        body = conn.execute(
+            db_select([BulkActionsTable.c.body]).where(BulkActionsTable.c.key == backfill_id)
+        ).scalar()
+    if body is None:
+        return None
+    new = change(deserialize_value(body, PartitionBackfill))
+    if new is None:
+        return None
+    with storage.connect() as conn:  # type: ignore[attr-defined]
+        replaced = conn.execute(
+            BulkActionsTable.update()
+            .where(BulkActionsTable.c.key == backfill_id, BulkActionsTable.c.body == body)
+            .values(status=new.status.value, body=serialize_value(new))
+        ).rowcount
+    return new if replaced == 1 else None
 
 
 def retry_failed_run(run: DagsterRun, context: Any) -> bool:

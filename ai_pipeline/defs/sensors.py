@@ -15,6 +15,7 @@ from typing import Any
 
 import dagster as dg
 
+from ai_pipeline.defs.backfill_planner import PLANNER_INTERVAL_SECONDS, plan_new_backfills
 from ai_pipeline.defs.backfills import backfill_ended, run_size_for
 from ai_pipeline.defs.jobs import range_run_request
 from ai_pipeline.defs.missed_retries import retry_missed
@@ -23,6 +24,7 @@ from ai_pipeline.defs.resources import PipelineSettings, ResultsStore
 from ai_pipeline.defs.run_ends import mark_ended_runs
 from ai_pipeline.defs.schedules import NIGHTLY_TAG
 from ai_pipeline.defs.site import ANALYSIS_TAG, DEFAULT_SITE, Site
+from ai_pipeline.defs.start_runs import start_planned_runs
 from ai_pipeline.documents import display_path
 from ai_pipeline.inbox import InboxCursor, scan_inbox
 from ai_pipeline.intake import batches, register_files, unique_in_order
@@ -62,6 +64,7 @@ def build_sensors(site: Site, inbox_interval_seconds: int) -> list[dg.SensorDefi
         build_approvals_sensor(site),
         build_reconcile_sensor(site),
         build_nightly_report_sensor(site),
+        build_backfill_planner_sensor(site),
     ]
 
 
@@ -393,8 +396,39 @@ def _reconcile_tick(
     )
 
 
+def build_backfill_planner_sensor(site: Site = DEFAULT_SITE) -> dg.SensorDefinition:
+    @dg.sensor(
+        name=site.name("backfill_planner"),
+        minimum_interval_seconds=PLANNER_INTERVAL_SECONDS,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Plans the runs of a backfill launched from the UI (Materialize… → Failed) "
+        "as `ai-pipeline backfill --failed` does: runs of the product's run size whatever the "
+        "documents' positions, not one run per stretch of contiguous documents; and starts "
+        "the first of them at once, not on the backfill daemon's next loop.",
+    )
+    def backfill_planner(context: dg.SensorEvaluationContext) -> dg.SkipReason:
+        asset_graph = context.repository_def.asset_graph  # type: ignore[union-attr]
+        planned, cursor = plan_new_backfills(context.instance, asset_graph, site, context.cursor)
+        if cursor != context.cursor:
+            context.update_cursor(cursor)
+        started = start_planned_runs(context.instance, [p.backfill_id for p in planned], site)
+        lines = [
+            f"backfill {p.backfill_id}: {p.documents} documents in {p.runs} runs instead of "
+            f"Dagster's {p.dagster_runs}"
+            for p in planned
+        ]
+        for line in lines:
+            context.log.info(line)
+        if planned:
+            lines.append(f"{started} runs started now, the rest on the daemon's next loop")
+        return dg.SkipReason("; ".join(lines) or "no new backfill to plan")
+
+    return backfill_planner
+
+
 # The product's own code location's (``ai_pipeline.definitions`` builds its own).
 submissions_sensor = build_submissions_sensor()
 approvals_sensor = build_approvals_sensor()
 reconcile_sensor = build_reconcile_sensor()
 nightly_report_sensor = build_nightly_report_sensor()
+backfill_planner = build_backfill_planner_sensor()

@@ -55,6 +55,7 @@ from ai_pipeline.states import State
 from ai_pipeline_tests.dagster_procs import DEADLINE_SECONDS, DagsterProcess, running, wait_for
 from ai_pipeline_tests.support import (
     STATUS,
+    TERMINAL,
     latest_materialization,
     launcher,
     make_inbox,
@@ -311,6 +312,101 @@ def test_ui_failed_backfill_reruns_only_the_failed_documents(
     assert statuses(instance, ANALYSIS_RESULTS, seeded.ids) == {
         i: STATUS.MATERIALIZED for i in seeded.ids
     } | {low: STATUS.FAILED}
+
+
+def planner_ticked(instance: dg.DagsterInstance) -> bool:
+    """Whether the daemon has begun a tick of the backfill planner sensor."""
+    return any(
+        state.instigator_name == "backfill_planner"
+        and getattr(state.instigator_data, "last_tick_start_timestamp", None)
+        for state in instance.all_instigator_state()
+    )
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the planning knows no backend
+def test_a_ui_failed_backfill_of_scattered_documents_runs_in_runs_of_the_run_size(
+    instance: dg.DagsterInstance,
+    simulator: Any,
+    daemon_env: None,
+    dagster_home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Six failures scattered over 24 documents, three documents per run, two run slots: the
+    backfill the UI's "Failed" launches (its GraphQL mutation) runs in two runs, started by the
+    backfill planner sensor — Dagster's own planning makes six, one per document, and its
+    backfill loop (here 10 minutes: after the launch only the sensor can act) never gets to it.
+    One call per failed document; the completed documents between them get no call, no
+    materialization and no check execution; every document's status in Dagster is exact."""
+    monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "3")
+    config = dagster_home / "dagster.yaml"
+    queue = config.read_text()
+    assert "max_concurrent_runs: 4" in queue
+    config.write_text(queue.replace("max_concurrent_runs: 4", "max_concurrent_runs: 2"))
+    seeded = seed(tmp_path, simulator, count=24, network=(1, 5, 9, 13, 17, 21), low_confidence=())
+    assert_seeded(instance, seeded, simulator)
+    simulator.set_faults([])
+    before = calls(simulator, seeded.ids)
+    last_materialized = {
+        i: latest_materialization(instance, ANALYSIS_RESULTS, i).run_id for i in seeded.untouched
+    }
+    runs_before = {r.run_id for r in instance.get_runs()}
+    slow_loop = DagsterProcess.daemon(tmp_path / "daemon.log", backfill_loop_seconds=600)
+    with (
+        running(slow_loop, dagster_home) as daemon,
+        running(DagsterProcess.webserver(tmp_path / "webserver.log")) as webserver,
+    ):
+        daemon.start()  # its backfill loop runs once now, then in ten minutes
+        webserver.start()
+        webserver.wait_ready(locations_loaded=True)
+        wait_for(daemon, "the backfill planner's first tick", lambda: planner_ticked(instance))
+
+        launched = webserver.graphql(
+            LAUNCH_BACKFILL,
+            {
+                "backfillParams": {
+                    "partitionNames": seeded.failed,
+                    "assetSelection": [{"path": k.path} for k in ANALYSIS_KEYS],
+                    "fromFailure": False,
+                    "tags": [],
+                }
+            },
+        )["launchPartitionBackfill"]
+        assert launched["__typename"] == "LaunchBackfillSuccess", launched
+        backfill_id = launched["backfillId"]
+
+        def runs_over() -> list[dg.DagsterRun]:
+            runs = backfill_runs(instance, backfill_id)
+            done = len(runs) == 2 and all(r.status in TERMINAL for r in runs)
+            return runs if done else []
+
+        runs = wait_for(daemon, "the backfill's two runs", runs_over, timeout=180)
+
+    assert {r.status for r in runs} == {dg.DagsterRunStatus.SUCCESS}
+    assert not {r.run_id for r in instance.get_runs()} - runs_before - {r.run_id for r in runs}
+    backfill = instance.get_backfill(backfill_id)
+    assert backfill is not None
+    assert set(backfill.reserved_run_ids) == {r.run_id for r in runs}
+    assert targeted(backfill) == {k: set(seeded.failed) for k in ANALYSIS_KEYS}
+    assert sorted(k for r in runs for k in covered(instance, r)) == sorted(seeded.network)
+    assert calls(simulator, seeded.ids) == {
+        i: before[i] + 1 if i in seeded.network else before[i] for i in seeded.ids
+    }
+    assert states(seeded.ids) == {i: ("COMPLETED", None) for i in seeded.ids}
+    assert dagster_failed(instance, seeded.ids) == []
+    assert {
+        i: latest_materialization(instance, ANALYSIS_RESULTS, i).run_id for i in seeded.untouched
+    } == last_materialized
+    run_ids = {r.run_id for r in runs}
+    checked = {
+        e.partition
+        for spec in CHECK_SPECS
+        for e in instance.event_log_storage.get_asset_check_execution_history(spec.key, 1000)
+        if e.run_id in run_ids
+    }
+    assert checked == set(seeded.network)
 
 
 # --- 2. the CLI -----------------------------------------------------------------------------------

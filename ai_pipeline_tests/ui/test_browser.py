@@ -1,9 +1,11 @@
 """The Dagster UI in a real browser: "Materialize… → Failed → Launch backfill" reruns the failures.
 
-A temporary instance holds ten documents, three of which failed at the LLM. ``dagster dev`` (web
-server and daemon) serves it; headless Chromium opens the partitions view of ``analysis_results``,
-picks "Failed" in the Materialize dialog and launches the backfill. The daemon must then rerun
-exactly the three failed documents, one LLM call each, and leave the seven others alone.
+A temporary instance holds ten documents, three of which failed at the LLM, scattered among the
+others. ``dagster-webserver`` and ``dagster-daemon`` (what ``dagster dev`` starts) serve it;
+headless Chromium opens the partitions view of ``analysis_results``, picks "Failed" in the
+Materialize dialog and launches the backfill. The backfill planner sensor must then run the three
+failed documents in one run (Dagster's own planning: three, one per document), one LLM call each,
+and leave the seven others alone.
 """
 
 from __future__ import annotations
@@ -16,10 +18,9 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster._core.execution.backfill import BULK_ACTION_TERMINAL_STATUSES, BulkActionStatus
 
 from ai_pipeline.defs.assets import ANALYSIS_RESULTS
-from ai_pipeline.defs.partitions import documents_partitions
+from ai_pipeline.defs.partitions import documents_partitions, named_in
 from ai_pipeline_tests.browser import chromium_missing, chromium_page
 from ai_pipeline_tests.dagster_procs import DagsterProcess, running, wait_for
 from ai_pipeline_tests.support import (
@@ -37,28 +38,52 @@ from ai_pipeline_tests.support import (
 
 FAULT_MARKER = "Relay outage"
 FAILING = {1, 4, 8}  # positions, in partition order, of the documents whose LLM call fails
-# dagster dev serves in ~5 s on an idle machine; CI runs it beside three other test workers.
+# The web server serves in ~5 s on an idle machine; CI runs it beside three other test workers.
 READY_SECONDS = 150
-# The backfill daemon loops every 30 s: a few loops to launch, run and complete the backfill.
+# The planner sensor starts the backfill's run within seconds of the click.
 BACKFILL_DEADLINE_SECONDS = 240
+# The daemon's backfill loop runs at its start, then not for this long: after the click only the
+# backfill planner sensor acts on the backfill (with Dagster's 30 s loop, whichever of the two
+# comes first plans it).
+BACKFILL_LOOP_SECONDS = 600
 UI_TIMEOUT_MS = 60_000
 
 
 @pytest.fixture
-def dagster_dev(tmp_path: Path, dagster_home: Path) -> Iterator[DagsterProcess]:
-    """``dagster dev`` on a free port, for the test to start; stopped at the end, and nothing
-    started for this test's instance may survive it, wherever it ended up."""
-    with running(DagsterProcess.dev(tmp_path / "dagster-dev.log"), dagster_home) as dev:
-        yield dev
+def served(tmp_path: Path, dagster_home: Path) -> Iterator[tuple[DagsterProcess, DagsterProcess]]:
+    """``dagster-webserver`` on a free port and ``dagster-daemon`` (its backfill loop every
+    ``BACKFILL_LOOP_SECONDS``), for the test to start; stopped at the end, and nothing started
+    for this test's instance may survive them, wherever it ended up."""
+    daemon = DagsterProcess.daemon(
+        tmp_path / "daemon.log", backfill_loop_seconds=BACKFILL_LOOP_SECONDS
+    )
+    with (
+        running(daemon, dagster_home),
+        running(DagsterProcess.webserver(tmp_path / "webserver.log")) as web,
+    ):
+        yield web, daemon
 
 
 def covered_keys(run: dg.DagsterRun, ordered: list[str]) -> list[str]:
-    """The documents partitions a run covers: its range tags, or its single partition tag."""
+    """The documents a run works on: those of its range (or its single partition) its config
+    names, all of them when it names none."""
     if RANGE_START in run.tags:
         start = ordered.index(run.tags[RANGE_START])
         end = ordered.index(run.tags[RANGE_END])
-        return ordered[start : end + 1]
-    return [run.tags["dagster/partition"]]
+        keys = ordered[start : end + 1]
+    else:
+        keys = [run.tags["dagster/partition"]]
+    named = named_in(run.run_config)
+    return [k for k in keys if named is None or k in named]
+
+
+def planner_ticked(instance: dg.DagsterInstance) -> bool:
+    """Whether the daemon has begun a tick of the backfill planner sensor."""
+    return any(
+        state.instigator_name == "backfill_planner"
+        and getattr(state.instigator_data, "last_tick_start_timestamp", None)
+        for state in instance.all_instigator_state()
+    )
 
 
 def shot(page, folder: Path, name: str) -> None:
@@ -99,11 +124,12 @@ def launch_failed_backfill(url: str, shots: Path) -> None:
 def test_ui_backfill_of_failed_reruns_exactly_the_failed(
     instance: dg.DagsterInstance,
     simulator,
-    dagster_dev: DagsterProcess,
+    served: tuple[DagsterProcess, DagsterProcess],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The UI's "Failed" backfill reruns the three failed documents once each and nothing else."""
+    """The UI's "Failed" backfill reruns the three failed documents once each, in one run, and
+    nothing else."""
     try:
         import playwright  # noqa: F401
     except ImportError:
@@ -143,41 +169,43 @@ def test_ui_backfill_of_failed_reruns_exactly_the_failed(
     before_calls = {k: simulator.requests_for(task_of(k)) for k in keys}
     before_total = simulator.stats()["total"]
 
+    web, daemon = served
     started = time.monotonic()
-    dagster_dev.start(ready_timeout=READY_SECONDS)
+    daemon.start()
+    web.start(ready_timeout=READY_SECONDS)
+    wait_for(daemon, "the backfill planner's first tick", lambda: planner_ticked(instance))
     ready_seconds = time.monotonic() - started
 
     shots = tmp_path / "screenshots"
     shots.mkdir()
     clicked = time.monotonic()
-    launch_failed_backfill(dagster_dev.url, shots)
+    launch_failed_backfill(web.url, shots)
     ui_seconds = time.monotonic() - clicked
 
     def new_runs() -> list[dg.DagsterRun]:
         return [r for r in instance.get_runs() if r.run_id not in before_runs]
 
     def backfill_done() -> bool:
-        backfills = instance.get_backfills()
         return (
-            bool(backfills)
-            and all(b.status in BULK_ACTION_TERMINAL_STATUSES for b in backfills)
+            bool(instance.get_backfills())
             and bool(new_runs())
             and all(r.status in TERMINAL for r in new_runs())
             and set(statuses(instance, ANALYSIS_RESULTS, keys).values()) == {STATUS.MATERIALIZED}
         )
 
-    wait_for(
-        dagster_dev, "the backfill to finish", backfill_done, timeout=BACKFILL_DEADLINE_SECONDS
-    )
+    wait_for(daemon, "the backfill's runs to end", backfill_done, timeout=BACKFILL_DEADLINE_SECONDS)
     backfill_seconds = time.monotonic() - clicked
 
     (backfill,) = instance.get_backfills()
-    assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS, backfill.status
     runs = new_runs()
+    assert len(runs) == 1, "the three scattered documents in one run, planned by the sensor"
     assert {r.status for r in runs} == {dg.DagsterRunStatus.SUCCESS}
     assert {r.tags.get("dagster/backfill") for r in runs} == {backfill.backfill_id}
+    assert list(backfill.reserved_run_ids) == [r.run_id for r in runs]
     covered = [k for r in runs for k in covered_keys(r, ordered)]
-    assert sorted(covered) == sorted(bad), "the backfill's runs cover exactly the failed documents"
+    assert sorted(covered) == sorted(bad), (
+        "the backfill's run works on exactly the failed documents"
+    )
     assert statuses(instance, ANALYSIS_RESULTS, keys) == {k: STATUS.MATERIALIZED for k in keys}
     after_calls = {k: simulator.requests_for(task_of(k)) for k in keys}
     assert {k: after_calls[k] - before_calls[k] for k in keys} == {k: 0 for k in good} | {
@@ -185,6 +213,6 @@ def test_ui_backfill_of_failed_reruns_exactly_the_failed(
     }
     assert simulator.stats()["total"] - before_total == 3
     print(
-        f"\ndagster dev ready in {ready_seconds:.1f} s; UI clicks {ui_seconds:.1f} s; "
+        f"\nwebserver and daemon ready in {ready_seconds:.1f} s; UI clicks {ui_seconds:.1f} s; "
         f"backfill done {backfill_seconds:.1f} s after the first click; {len(runs)} run(s)"
     )
