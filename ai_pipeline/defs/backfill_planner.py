@@ -71,8 +71,8 @@ def documents_of(backfill: PartitionBackfill, site: Site) -> tuple[list[dg.Asset
     ):
         return [], []
     target = data.target_subset
-    stages = sorted(target.asset_keys, key=lambda k: k.to_user_string())
-    if not stages or target.non_partitioned_asset_keys or not set(stages) <= set(site.keys):
+    stages = [key for key in site.keys if key in target.asset_keys]
+    if not stages or target.non_partitioned_asset_keys or len(stages) < len(target.asset_keys):
         return [], []
     documents = {
         key: sorted(target.get_partitions_subset(key).get_partition_keys()) for key in stages

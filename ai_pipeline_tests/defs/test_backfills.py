@@ -33,6 +33,7 @@ from ai_pipeline.cli import main
 from ai_pipeline.defs import launch
 from ai_pipeline.defs.assets import ANALYSIS_KEYS, ANALYSIS_RESULTS, LLM_ANALYSIS
 from ai_pipeline.defs.backfills import (
+    BACKFILL_TAG,
     backfill_id_for,
     backfill_run_size,
     documents_settled_status,
@@ -1082,3 +1083,79 @@ def test_a_failed_run_the_daemon_may_yet_retry_keeps_its_backfill_unsettled(
     assert not retry_pending(instance, [done, run(failed, **{"dagster/will_retry": "false"})])
     retried = {"dagster/will_retry": "true", "dagster/auto_retry_run_id": "r2"}
     assert not retry_pending(instance, [done, run(failed, **retried)]), "its retry is a run"
+
+
+def test_the_backfill_planner_plans_only_the_ui_backfills_dagster_would_cut_finer(
+    instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Backfills as the UI creates them (no tag of this package), three documents per run: six
+    scattered documents of the analysis's stages get two planned runs naming their documents
+    (Dagster's plan: six); three contiguous ones (one run either way), a selection that also
+    takes ``failure_report``, and a backfill this package launched are left as they are. The
+    cursor skips what a tick saw; a backfill written by someone else between the read and the
+    write keeps what they wrote."""
+    from ai_pipeline.definitions import defs
+    from ai_pipeline.defs.backfill_planner import plan, plan_new_backfills
+    from ai_pipeline.defs.dagster_private import PartitionBackfill, replace_backfill
+    from ai_pipeline.defs.site import DEFAULT_SITE
+
+    monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "3")
+    keys = [f"{i:016x}" for i in range(12)]
+    add_partitions(instance, keys)
+    graph = repository_of(defs, instance).asset_graph
+
+    def ui(backfill_id: str, documents: list[str], *extra: dg.AssetKey, **tags: str) -> None:
+        instance.add_backfill(
+            PartitionBackfill.from_asset_partitions(
+                backfill_id=backfill_id,
+                asset_graph=graph,
+                partition_names=documents,
+                asset_selection=[*ANALYSIS_KEYS, *extra],
+                backfill_timestamp=time.time(),
+                tags=tags,
+                dynamic_partitions_store=instance,
+                all_partitions=False,
+                title=None,
+                description=None,
+                run_config=None,
+            )
+        )
+
+    scattered = keys[0:12:2]
+    ui("scattered", scattered)
+    ui("contiguous", keys[1:4])
+    ui("withreport", keys[1:12:4], REPORT)
+    ui("launched", keys[1:12:4], **{BACKFILL_TAG: "failed"})
+
+    planned, cursor = plan_new_backfills(instance, graph, DEFAULT_SITE, None)
+
+    assert [(p.backfill_id, p.documents, p.runs, p.dagster_runs) for p in planned] == [
+        ("scattered", 6, 2, 6)
+    ]
+    backfill = instance.get_backfill("scattered")
+    assert backfill is not None
+    assert [covered_by(r, keys) for r in backfill.submitting_run_requests] == [
+        scattered[:3],
+        scattered[3:],
+    ]
+    assert len(set(backfill.reserved_run_ids)) == 2
+    assert {tuple(r.asset_selection or ()) for r in backfill.submitting_run_requests} == {
+        tuple(ANALYSIS_KEYS)
+    }
+    for left in ("contiguous", "withreport", "launched"):
+        other = instance.get_backfill(left)
+        assert other is not None and not other.submitting_run_requests, left
+    assert plan_new_backfills(instance, graph, DEFAULT_SITE, cursor)[0] == []
+
+    ui("raced", keys[0:12:3])
+
+    def written_in_between(stored: Any) -> Any:
+        instance.update_backfill(stored.with_failure_count(1))  # the daemon, say
+        result = plan(instance, graph, stored, DEFAULT_SITE)
+        assert result is not None
+        return result[0]
+
+    assert replace_backfill(instance, "raced", written_in_between) is None
+    raced = instance.get_backfill("raced")
+    assert raced is not None
+    assert (raced.failure_count, raced.submitting_run_requests) == (1, [])
