@@ -228,6 +228,24 @@ def webserver(daemon: DagsterProcess, tmp_path: Path) -> Iterator[DagsterProcess
         yield server
 
 
+def launch_ui_backfill(webserver: DagsterProcess, documents: list[str]) -> str:
+    """What the asset page's "Materialize…" → "Failed" → "Launch backfill" sends, for these
+    documents of the analysis's stages; the backfill's id."""
+    launched = webserver.graphql(
+        LAUNCH_BACKFILL,
+        {
+            "backfillParams": {
+                "partitionNames": documents,
+                "assetSelection": [{"path": k.path} for k in ANALYSIS_KEYS],
+                "fromFailure": False,
+                "tags": [],
+            }
+        },
+    )["launchPartitionBackfill"]
+    assert launched["__typename"] == "LaunchBackfillSuccess", launched
+    return str(launched["backfillId"])
+
+
 # --- 1. "Failed" from the UI ----------------------------------------------------------------------
 
 
@@ -252,21 +270,8 @@ def test_ui_failed_backfill_reruns_only_the_failed_documents(
     runs_before = {r.run_id for r in instance.get_runs()}
     webserver.wait_ready(locations_loaded=True)
 
-    # What the asset page's "Materialize…" → "Failed" → "Launch backfill" sends.
     failed = dagster_failed(instance, seeded.ids)
-    launched = webserver.graphql(
-        LAUNCH_BACKFILL,
-        {
-            "backfillParams": {
-                "partitionNames": failed,
-                "assetSelection": [{"path": k.path} for k in ANALYSIS_KEYS],
-                "fromFailure": False,
-                "tags": [],
-            }
-        },
-    )["launchPartitionBackfill"]
-    assert launched["__typename"] == "LaunchBackfillSuccess", launched
-    backfill_id = launched["backfillId"]
+    backfill_id = launch_ui_backfill(webserver, failed)
     # Started after the launch, the daemon's first backfill iteration picks it up at once.
     daemon.start()
     shown = webserver.graphql(BACKFILL_STATUS, {"id": backfill_id})["partitionBackfillOrError"]
@@ -315,6 +320,61 @@ def test_ui_failed_backfill_reruns_only_the_failed_documents(
     } | {low: STATUS.FAILED}
 
 
+def seed_scattered(
+    instance: dg.DagsterInstance,
+    simulator: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    dagster_home: Path,
+) -> tuple[Seeded, dict[str, int], dict[str, str]]:
+    """Six documents of 24 failed at the network, scattered (every fourth from the second), with
+    three documents per backfill run and two run slots; the faults cleared. Returns them, the
+    calls each had so far, and the run that last materialized each of the others."""
+    monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "3")
+    config = dagster_home / "dagster.yaml"
+    queue = config.read_text()
+    assert "max_concurrent_runs: 4" in queue
+    config.write_text(queue.replace("max_concurrent_runs: 4", "max_concurrent_runs: 2"))
+    seeded = seed(tmp_path, simulator, count=24, network=(1, 5, 9, 13, 17, 21), low_confidence=())
+    assert_seeded(instance, seeded, simulator)
+    simulator.set_faults([])
+    before = calls(simulator, seeded.ids)
+    last_materialized = {
+        i: latest_materialization(instance, ANALYSIS_RESULTS, i).run_id for i in seeded.untouched
+    }
+    return seeded, before, last_materialized
+
+
+def assert_only_the_failed_rerun(
+    instance: dg.DagsterInstance,
+    simulator: Any,
+    seeded: Seeded,
+    runs: Sequence[dg.DagsterRun],
+    before: dict[str, int],
+    last_materialized: dict[str, str],
+) -> None:
+    """The rerun's ``runs`` worked on the documents that failed at the network, one call each;
+    the others between them got no call, no materialization and no check execution; every
+    document is COMPLETED here and none FAILED in Dagster."""
+    assert sorted(k for r in runs for k in covered(instance, r)) == sorted(seeded.network)
+    assert calls(simulator, seeded.ids) == {
+        i: before[i] + 1 if i in seeded.network else before[i] for i in seeded.ids
+    }
+    assert states(seeded.ids) == {i: ("COMPLETED", None) for i in seeded.ids}
+    assert dagster_failed(instance, seeded.ids) == []
+    assert {
+        i: latest_materialization(instance, ANALYSIS_RESULTS, i).run_id for i in seeded.untouched
+    } == last_materialized
+    run_ids = {r.run_id for r in runs}
+    checked = {
+        e.partition
+        for spec in CHECK_SPECS
+        for e in instance.event_log_storage.get_asset_check_execution_history(spec.key, 1000)
+        if e.run_id in run_ids
+    }
+    assert checked == set(seeded.network)
+
+
 def planner_ticked(instance: dg.DagsterInstance) -> bool:
     """Whether the daemon has begun a tick of the backfill planner sensor."""
     return any(
@@ -341,18 +401,9 @@ def test_a_ui_failed_backfill_of_scattered_documents_runs_in_runs_of_the_run_siz
     backfill loop (here 10 minutes: after the launch only the sensor can act) never gets to it.
     One call per failed document; the completed documents between them get no call, no
     materialization and no check execution; every document's status in Dagster is exact."""
-    monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "3")
-    config = dagster_home / "dagster.yaml"
-    queue = config.read_text()
-    assert "max_concurrent_runs: 4" in queue
-    config.write_text(queue.replace("max_concurrent_runs: 4", "max_concurrent_runs: 2"))
-    seeded = seed(tmp_path, simulator, count=24, network=(1, 5, 9, 13, 17, 21), low_confidence=())
-    assert_seeded(instance, seeded, simulator)
-    simulator.set_faults([])
-    before = calls(simulator, seeded.ids)
-    last_materialized = {
-        i: latest_materialization(instance, ANALYSIS_RESULTS, i).run_id for i in seeded.untouched
-    }
+    seeded, before, last_materialized = seed_scattered(
+        instance, simulator, tmp_path, monkeypatch, dagster_home
+    )
     runs_before = {r.run_id for r in instance.get_runs()}
     slow_loop = DagsterProcess.daemon(tmp_path / "daemon.log", backfill_loop_seconds=600)
     with (
@@ -364,19 +415,7 @@ def test_a_ui_failed_backfill_of_scattered_documents_runs_in_runs_of_the_run_siz
         webserver.wait_ready(locations_loaded=True)
         wait_for(daemon, "the backfill planner's first tick", lambda: planner_ticked(instance))
 
-        launched = webserver.graphql(
-            LAUNCH_BACKFILL,
-            {
-                "backfillParams": {
-                    "partitionNames": seeded.failed,
-                    "assetSelection": [{"path": k.path} for k in ANALYSIS_KEYS],
-                    "fromFailure": False,
-                    "tags": [],
-                }
-            },
-        )["launchPartitionBackfill"]
-        assert launched["__typename"] == "LaunchBackfillSuccess", launched
-        backfill_id = launched["backfillId"]
+        backfill_id = launch_ui_backfill(webserver, seeded.failed)
 
         def runs_over() -> list[dg.DagsterRun]:
             runs = backfill_runs(instance, backfill_id)
@@ -391,23 +430,7 @@ def test_a_ui_failed_backfill_of_scattered_documents_runs_in_runs_of_the_run_siz
     assert backfill is not None
     assert set(backfill.reserved_run_ids) == {r.run_id for r in runs}
     assert targeted(backfill) == {k: set(seeded.failed) for k in ANALYSIS_KEYS}
-    assert sorted(k for r in runs for k in covered(instance, r)) == sorted(seeded.network)
-    assert calls(simulator, seeded.ids) == {
-        i: before[i] + 1 if i in seeded.network else before[i] for i in seeded.ids
-    }
-    assert states(seeded.ids) == {i: ("COMPLETED", None) for i in seeded.ids}
-    assert dagster_failed(instance, seeded.ids) == []
-    assert {
-        i: latest_materialization(instance, ANALYSIS_RESULTS, i).run_id for i in seeded.untouched
-    } == last_materialized
-    run_ids = {r.run_id for r in runs}
-    checked = {
-        e.partition
-        for spec in CHECK_SPECS
-        for e in instance.event_log_storage.get_asset_check_execution_history(spec.key, 1000)
-        if e.run_id in run_ids
-    }
-    assert checked == set(seeded.network)
+    assert_only_the_failed_rerun(instance, simulator, seeded, runs, before, last_materialized)
 
 
 # --- 2. the CLI -----------------------------------------------------------------------------------
@@ -497,18 +520,9 @@ def test_cli_backfill_of_scattered_failures_runs_them_in_runs_of_the_run_size(
     ``backfill --failed`` reruns them in two runs (Dagster's own planning: six, one per
     document), one call each; the completed documents between them get no call, no
     materialization and no check execution, and every document's status in Dagster is exact."""
-    monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "3")
-    config = Path(os.environ["DAGSTER_HOME"]) / "dagster.yaml"
-    queue = config.read_text()
-    assert "max_concurrent_runs: 4" in queue
-    config.write_text(queue.replace("max_concurrent_runs: 4", "max_concurrent_runs: 2"))
-    seeded = seed(tmp_path, simulator, count=24, network=(1, 5, 9, 13, 17, 21), low_confidence=())
-    assert_seeded(instance, seeded, simulator)
-    simulator.set_faults([])
-    before = calls(simulator, seeded.ids)
-    last_materialized = {
-        i: latest_materialization(instance, ANALYSIS_RESULTS, i).run_id for i in seeded.untouched
-    }
+    seeded, before, last_materialized = seed_scattered(
+        instance, simulator, tmp_path, monkeypatch, Path(os.environ["DAGSTER_HOME"])
+    )
     daemon.start()
 
     out = subprocess.run(
@@ -524,23 +538,7 @@ def test_cli_backfill_of_scattered_failures_runs_them_in_runs_of_the_run_size(
     assert report["status"] == "COMPLETED_SUCCESS"
     runs = backfill_runs(instance, report["backfill_id"])
     assert len(runs) == 2
-    assert sorted(k for r in runs for k in covered(instance, r)) == sorted(seeded.network)
-    assert calls(simulator, seeded.ids) == {
-        i: before[i] + 1 if i in seeded.network else before[i] for i in seeded.ids
-    }
-    assert states(seeded.ids) == {i: ("COMPLETED", None) for i in seeded.ids}
-    assert dagster_failed(instance, seeded.ids) == []
-    assert {
-        i: latest_materialization(instance, ANALYSIS_RESULTS, i).run_id for i in seeded.untouched
-    } == last_materialized
-    run_ids = {r.run_id for r in runs}
-    checked = {
-        e.partition
-        for spec in CHECK_SPECS
-        for e in instance.event_log_storage.get_asset_check_execution_history(spec.key, 1000)
-        if e.run_id in run_ids
-    }
-    assert checked == set(seeded.network)
+    assert_only_the_failed_rerun(instance, simulator, seeded, runs, before, last_materialized)
     (backfill,) = wait_for(daemon, "the backfill's end recorded", lambda: ended_backfills(instance))
     assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS
 
