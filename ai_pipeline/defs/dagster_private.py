@@ -42,10 +42,10 @@ Each has no public equivalent in that release; when Dagster changes, this is the
 - ``set_defs_state_storage`` (``defs_state_of``): definitions loaded in this process against a
   given instance's defs state storage, not the one a context variable last named.
 - ``BulkActionsTable``, ``db_select``, ``deserialize_value`` and the run storage's ``connect``
-  (through ``replace_backfill``): a
-  backfill the UI created, re-planned by the code location's backfill planner only if nobody
-  wrote it since it was read (``update_backfill`` writes whatever was there), so that it is
-  either Dagster's plan or ours, never both (``ai_pipeline.defs.backfill_planner``).
+  (through ``replace_backfill``): a backfill the UI created, re-planned by the code location's
+  backfill planner only if nobody wrote it since it was read (``update_backfill`` writes whatever
+  was there), so that it is either Dagster's plan or ours, never both
+  (``ai_pipeline.defs.backfill_planner``).
 - ``retry_run``, ``should_retry`` (through ``retry_failed_run``, imported when called),
   ``AUTO_RETRY_RUN_ID_TAG``, ``WILL_RETRY_TAG``: the daemon's own automatic retry of a failed run,
   made up for when its event-log consumer missed the failure (``ai_pipeline.defs.missed_retries``).
@@ -81,6 +81,7 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     SqliteEventLogStorage,
     SqliteEventLogStorageWatchdog,
 )
+from dagster._core.storage.runs.schema import BulkActionsTable
 from dagster._core.storage.sqlalchemy_compat import db_select
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.storage.tags import AUTO_RETRY_RUN_ID_TAG, BACKFILL_ID_TAG, WILL_RETRY_TAG
@@ -191,8 +192,6 @@ def replace_backfill(
     """The backfill ``change(backfill)`` made of the stored one, stored in its place only if its
     record is still the one read (compare and set on the stored body); None when ``change``
     made nothing or the record changed in between."""
-    from dagster._core.storage.runs.schema import BulkActionsTable
-
     storage = instance.run_storage
     with storage.connect() as conn:  # type: ignore[attr-defined]
         body = conn.execute(
