@@ -15,9 +15,11 @@ left as it is.
 
 A run names the code location it comes from, and the run queue launches it through the daemon's
 location of that name: a wrong name fails the run. So the location is the one the daemon itself is
-running now, read from the state of this analysis's reconcile sensor (a sensor that ticks every
-20 s wherever the daemon runs the code): its name and the target it loads (module, working
-directory, Python), loaded here in this process. Without such a sensor state that ticked within
+running now, read from the state of this analysis's reconcile sensor or backfill planner (sensors
+that tick every 20 s and every 2 s wherever the daemon runs the code): its name and the target it
+loads (module, working directory, Python), loaded here in this process. The planner's own state is
+marked before each of its ticks, so the planner finds its location even in the daemon's first
+seconds, before the reconcile sensor has ticked. Without such a sensor state that ticked within
 ``LIVE_SECONDS`` (no daemon running, or its sensors stopped), or if the target does not load here,
 nothing is started and the daemon submits the runs on its next loop, as before.
 """
@@ -51,18 +53,21 @@ log = logging.getLogger(__name__)
 # (the reconcile sensor ticks every 20 s; a loaded daemon may run late).
 LIVE_SECONDS = 120.0
 
+# The site's sensors whose states say where the daemon runs its code: both run wherever it does.
+LIVE_SENSORS = ("reconcile_sensor", "backfill_planner")
+
 
 def daemon_location(
     instance: dg.DagsterInstance, site: Site = DEFAULT_SITE, *, now: float | None = None
 ) -> Any | None:
-    """The code location origin the running daemon evaluates ``site``'s reconcile sensor from:
-    the one whose sensor state began a tick most recently, within ``LIVE_SECONDS``; None when no
-    state did."""
+    """The code location origin the running daemon evaluates ``site``'s sensors from: the one
+    where one of ``LIVE_SENSORS`` began a tick most recently, within ``LIVE_SECONDS``; None when
+    none did."""
     now = time.time() if now is None else now
-    name = site.name("reconcile_sensor")
+    names = {site.name(sensor) for sensor in LIVE_SENSORS}
     latest, found = now - LIVE_SECONDS, None
     for state in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR):
-        if state.instigator_name != name:
+        if state.instigator_name not in names:
             continue
         began = getattr(state.instigator_data, "last_tick_start_timestamp", None) or 0.0
         if began >= latest:

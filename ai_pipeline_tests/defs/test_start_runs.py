@@ -55,19 +55,25 @@ def sensor_state(
     )
 
 
-def test_the_location_is_the_one_whose_reconcile_sensor_began_a_tick_last_and_lately(
+def test_the_location_is_the_one_whose_reconcile_sensor_or_planner_began_a_tick_last_and_lately(
     instance: dg.DagsterInstance,
 ) -> None:
     assert daemon_location(instance, now=NOW) is None
     instance.add_instigator_state(sensor_state("gone", NOW - LIVE_SECONDS - 1))
     instance.add_instigator_state(sensor_state("other", NOW - 1, sensor="inbox_sensor"))
-    assert daemon_location(instance, now=NOW) is None, "stale, or not the reconcile sensor"
+    assert daemon_location(instance, now=NOW) is None, "stale, or not one of LIVE_SENSORS"
 
     instance.add_instigator_state(sensor_state("dev", NOW - 50))
     instance.add_instigator_state(sensor_state("ai_pipeline", NOW - 20))
 
     found = daemon_location(instance, now=NOW)
     assert found is not None and found.location_name == "ai_pipeline"
+
+    # A daemon in its first seconds: the planner's state is marked before its tick, the reconcile
+    # sensor has not ticked yet.
+    instance.add_instigator_state(sensor_state("new", NOW - 1, sensor="backfill_planner"))
+    found = daemon_location(instance, now=NOW)
+    assert found is not None and found.location_name == "new"
 
 
 @pytest.fixture
