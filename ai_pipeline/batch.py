@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 from ai_pipeline.engine import Analyser
@@ -46,7 +46,28 @@ class _ForwardedLog:
 def run_batch(
     analyser: Analyser, document_ids: Sequence[str], *, window: int | None = None
 ) -> Iterator[tuple[str, list[Event]]]:
-    """Process documents concurrently; yields ``(document_id, events)`` as each one finishes.
+    """Process documents concurrently; yields ``(document_id, events)`` as each one finishes
+    (``run_batch_groups``, one document at a time)."""
+    groups = run_batch_groups(analyser, document_ids, window=window, most=1)
+    try:
+        for group in groups:
+            yield from group
+    finally:
+        groups.close()  # closed early: stops what still runs, as ``run_batch_groups`` says
+
+
+def run_batch_groups(
+    analyser: Analyser,
+    document_ids: Sequence[str],
+    *,
+    window: int | None = None,
+    most: int = 1,
+) -> Generator[list[tuple[str, list[Event]]], None, None]:
+    """Process documents concurrently; yields the ``(document_id, events)`` of the documents
+    finished since the caller last took some: at least one, at most ``most``, in the order they
+    finished. A caller that reports documents slower than they finish gets them in groups, which
+    it may write together (``ai_pipeline.defs.assets`` writes a group's events in one
+    transaction); a caller that keeps up gets them one by one.
 
     The documents run on an event loop in a worker thread, so that LLM calls, notices and database
     writes go on while the caller reports the documents already done (a Dagster step writes each
@@ -110,17 +131,31 @@ def run_batch(
     worker = threading.Thread(target=work, name="ai-pipeline-batch", daemon=True)
     worker.start()
     try:
-        while True:
-            item = out.get()
-            if item[0] == "log":
-                getattr(caller_log, item[1])(item[2])
-            elif item[0] == "done":
-                yield item[1], item[2]
-            elif item[0] == "error":
-                if not isinstance(item[1], asyncio.CancelledError):
-                    raise item[1]
-            else:
-                break
+        ended = False
+        while not ended:
+            group: list[tuple[str, list[Event]]] = []
+            error: BaseException | None = None
+            item = out.get()  # waits for the next item, then takes what is there already
+            while True:
+                if item[0] == "log":
+                    getattr(caller_log, item[1])(item[2])
+                elif item[0] == "done":
+                    group.append((item[1], item[2]))
+                elif item[0] == "error":
+                    if not isinstance(item[1], asyncio.CancelledError):
+                        error = item[1]
+                    ended = True
+                    break
+                else:
+                    ended = True
+                    break
+                if len(group) >= most or out.empty():
+                    break
+                item = out.get_nowait()
+            if group:
+                yield group
+            if error is not None:
+                raise error
     finally:
         analyser.log_to(caller_log)
         if worker.is_alive():

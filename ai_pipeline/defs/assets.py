@@ -3,8 +3,10 @@
 ``analyse_documents`` covers a range of ``documents`` partitions per run (sensor runs, CLI runs and
 backfills alike; a single document is a range of one) and analyses its documents concurrently
 (``ai_pipeline.batch``). Dagster would mark the whole range materialized if the step returned
-outputs, so instead, per document and stage, the step yields an ``AssetMaterialization`` once that
-stage's checkpoint is durable, and an ``AssetCheckEvaluation`` for each check of the LLM output. If
+outputs, so instead, per document and stage, the step reports a materialization once that
+stage's checkpoint is durable, and a check evaluation for each check of the LLM output: Dagster's
+own events, written for the documents that finished meanwhile in one transaction
+(``defs.event_log.GroupedWrites``), then yielded. If
 any document failed, the step ends by raising ``Failure`` listing each failed document and its
 category: Dagster then shows FAILED for exactly those documents, from the stage that failed on.
 When run creation wrote one planned event per asset rather than one per
@@ -16,6 +18,7 @@ counts by state and category, failures by day, tokens and cost.
 """
 
 import base64
+import contextlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -24,7 +27,7 @@ from typing import Any
 import dagster as dg
 
 from ai_pipeline import tracing
-from ai_pipeline.batch import run_batch
+from ai_pipeline.batch import run_batch_groups
 from ai_pipeline.defs.checks import check_evaluations, check_specs
 from ai_pipeline.defs.dagster_private import (
     planned_events_per_partition,
@@ -47,6 +50,10 @@ from ai_pipeline.spend import Meter, Prices, run_budgets
 from ai_pipeline.stages import STAGES, Stage, StageDeferred, StageDone, StageFailed
 from ai_pipeline.states import State
 from ai_pipeline.store import Store
+
+# The most documents whose events the step writes in one transaction: the documents that finished
+# while it wrote the last group's (one at a time when it keeps up with the LLM).
+GROUP_DOCUMENTS = 50
 
 # The keys of the product's own code location (one analysis, no prefix).
 ANALYSIS_KEYS = DEFAULT_SITE.keys
@@ -199,15 +206,20 @@ def _analyse(
     )
     failed: dict[str, StageFailed] = {}
     elsewhere: dict[str, StageDeferred] = {}
-    for done, (document_id, events) in enumerate(run_batch(analyser, document_ids), 1):
-        for event in events:
-            if isinstance(event, StageFailed):
-                failed[document_id] = event
-            elif isinstance(event, StageDeferred):
-                elsewhere[document_id] = event
-            else:
-                yield from _report(context, site, event, selected_checks)
-        if done % 25 == 0 or done == len(document_ids):
+    done = 0
+    for group in run_batch_groups(analyser, document_ids, most=GROUP_DOCUMENTS):
+        finished: list[StageDone] = []
+        for document_id, events in group:
+            for event in events:
+                if isinstance(event, StageFailed):
+                    failed[document_id] = event
+                elif isinstance(event, StageDeferred):
+                    elsewhere[document_id] = event
+                else:
+                    finished.append(event)
+        yield from _report(context, site, finished, selected_checks)
+        before, done = done, done + len(group)
+        if done // 25 > before // 25 or done == len(document_ids):
             context.log.info(
                 f"{done}/{len(document_ids)} documents processed, {len(failed)} failed"
             )
@@ -339,18 +351,34 @@ def _mark_failed(
 def _report(
     context: dg.AssetExecutionContext,
     site: Site,
-    event: StageDone,
+    finished: Sequence[StageDone],
     selected_checks: set[dg.AssetCheckKey],
-) -> Iterator[Any]:
-    asset_key = site.key(event.stage)
-    yield dg.AssetMaterialization(
-        asset_key=asset_key,
-        partition=event.document_id,
-        metadata={k: v for k, v in event.metadata.items() if v is not None},
-    )
-    yield from check_evaluations(
-        context.instance, asset_key, event.document_id, event.checks, selected_checks
-    )
+) -> list[dg.DagsterEvent]:
+    """Each finished stage's materialization, then its check evaluations, written to the event
+    log in one transaction for the whole group (``grouped_writes``, where the storage has it);
+    the events, for the step to yield."""
+    instance = context.instance
+    step_context = context.get_step_execution_context()
+    grouped = getattr(instance.event_log_storage, "grouped_writes", contextlib.nullcontext)
+    written = []
+    with grouped():
+        for event in finished:
+            asset_key = site.key(event.stage)
+            materialization = dg.AssetMaterialization(
+                asset_key=asset_key,
+                partition=event.document_id,
+                metadata={k: v for k, v in event.metadata.items() if v is not None},
+            )
+            # Dagster's event, written as it is made (what the step's yielded materialization
+            # became); the check evaluations name it as their target.
+            written.append(dg.DagsterEvent.asset_materialization(step_context, materialization))
+            written.extend(
+                dg.DagsterEvent.asset_check_evaluation(step_context, evaluation)
+                for evaluation in check_evaluations(
+                    instance, asset_key, event.document_id, event.checks, selected_checks
+                )
+            )
+    return written
 
 
 # What the results IO manager loads for the report: a pandas DataFrame, checked by its type's name

@@ -22,6 +22,7 @@ also plans a run's checks in time proportional to the run's documents (``defs.ev
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from dagster import Field, IntSource
@@ -33,7 +34,7 @@ from dagster_postgres.utils import (
 )
 
 from ai_pipeline.defs.dagster_private import ConfigurableClassData, pg_config
-from ai_pipeline.defs.event_log import CheckRowsPerDocument, WritesRemembered
+from ai_pipeline.defs.event_log import CheckRowsPerDocument, GroupedWrites, WritesRemembered
 from ai_pipeline.store.database import ping_when_idle
 
 DEFAULT_POOL_SIZE = 1
@@ -42,10 +43,23 @@ DEFAULT_POOL_RECYCLE_SECONDS = 3600
 
 
 class PooledPostgresEventLogStorage(
-    CheckRowsPerDocument, WritesRemembered, PostgresEventLogStorage
+    GroupedWrites, CheckRowsPerDocument, WritesRemembered, PostgresEventLogStorage
 ):
     """dagster-postgres's event log, a run's planned checks written in time proportional to its
-    documents (``ai_pipeline.defs.event_log``)."""
+    documents, and a group of events in one transaction (``ai_pipeline.defs.event_log``)."""
+
+    def _connect(self) -> Any:
+        if self._group() is None:
+            return super()._connect()
+        # The group's transaction: this engine's connections commit every statement by themselves
+        # (AUTOCOMMIT), so the group's connection reads and writes as Dagster's own
+        # ``index_transaction`` does, READ COMMITTED.
+        return contextlib.nullcontext(
+            self._grouped(
+                None,
+                lambda: self._engine.connect().execution_options(isolation_level="READ COMMITTED"),
+            )
+        )
 
 
 class PooledPostgresStorage(DagsterPostgresStorage):

@@ -49,7 +49,7 @@ from ai_pipeline.defs.dagster_private import (
     SqliteEventLogStorage,
     SqliteEventLogStorageWatchdog,
 )
-from ai_pipeline.defs.event_log import CheckRowsPerDocument, WritesRemembered
+from ai_pipeline.defs.event_log import CheckRowsPerDocument, GroupedWrites, WritesRemembered
 
 ENGINES = 32
 
@@ -66,7 +66,7 @@ class _WatchdogOnWal(SqliteEventLogStorageWatchdog):
 
 
 class EngineReusingSqliteEventLogStorage(
-    CheckRowsPerDocument, WritesRemembered, SqliteEventLogStorage
+    GroupedWrites, CheckRowsPerDocument, WritesRemembered, SqliteEventLogStorage
 ):
     """``SqliteEventLogStorage`` with one engine and open connection per shard instead of an
     engine per connection (and a run's planned checks written in time proportional to its
@@ -119,13 +119,21 @@ class EngineReusingSqliteEventLogStorage(
 
     @contextmanager
     def _connect(self, shard: str) -> Iterator[Connection]:
-        with self._db_lock:
-            engine = self._engine(shard)
-            if shard not in self._initialized_dbs:
-                self._initdb(engine)
-                self._initialized_dbs.add(shard)
-            with engine.connect() as conn, conn.begin():
-                yield conn
+        if self._group() is not None:  # this thread holds the lock for its group
+            yield self._grouped(shard, lambda: self._ready(shard).connect())
+            return
+        with self._db_lock, self._ready(shard).connect() as conn, conn.begin():
+            yield conn
+
+    def _ready(self, shard: str) -> Engine:
+        engine = self._engine(shard)
+        if shard not in self._initialized_dbs:
+            self._initdb(engine)
+            self._initialized_dbs.add(shard)
+        return engine
+
+    def _group_lock(self) -> Any:
+        return self._db_lock
 
     def watch(self, run_id: str, cursor: str | None, callback: Any) -> None:
         """Dagster's ``watch``, with a watcher that also follows the run's WAL file."""
