@@ -184,9 +184,11 @@ class GroupedWrites:
     Every materialization also rewrites its asset's row in the asset-key table (the latest
     materialization, serialized once more); inside a group that row is written once per asset,
     for the group's latest materialization of it, which is the row the event-by-event writes
-    leave. The storage's ``_grouped_connection`` gives the connection of a database for the group
-    (opened and begun on first use) and ``_group_lock`` what other threads of the process wait on
-    meanwhile; the events a group wrote are visible to other processes when it commits."""
+    leave. The storage's ``_connect`` hands out the group's connection to each database
+    (``_grouped``: opened and begun on first use) while this thread is in a group, and
+    ``_group_lock`` is what the process's other threads wait on meanwhile. What a group wrote is
+    seen by its own thread at once and by everyone else when it commits; a group that raises
+    leaves nothing."""
 
     def _group(self) -> _Group | None:
         local = self.__dict__.get("_grouping")
