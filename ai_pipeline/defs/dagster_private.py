@@ -76,7 +76,11 @@ from dagster._core.scheduler.instigation import InstigatorType
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.config import pg_config
 from dagster._core.storage.defs_state.base import set_defs_state_storage
-from dagster._core.storage.event_log.schema import AssetCheckExecutionsTable, DynamicPartitionsTable
+from dagster._core.storage.event_log.schema import (
+    AssetCheckExecutionsTable,
+    DynamicPartitionsTable,
+    SqlEventLogStorageTable,
+)
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     SqliteEventLogStorage,
     SqliteEventLogStorageWatchdog,
@@ -132,6 +136,7 @@ def report_planned_materialization(
 __all__ = [
     "SQLITE_BUSY_TIMEOUT_SECONDS",
     "ConfigurableClassData",
+    "SqlEventLogStorageTable",
     "SqliteEventLogStorage",
     "SqliteEventLogStorageWatchdog",
     "DynamicPartitionsTable",
