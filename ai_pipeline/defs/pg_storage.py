@@ -34,7 +34,12 @@ from dagster_postgres.utils import (
 )
 
 from ai_pipeline.defs.dagster_private import ConfigurableClassData, pg_config
-from ai_pipeline.defs.event_log import CheckRowsPerDocument, GroupedWrites, WritesRemembered
+from ai_pipeline.defs.event_log import (
+    CheckRowsPerDocument,
+    CheckRowsUpdatedOnce,
+    GroupedWrites,
+    WritesRemembered,
+)
 from ai_pipeline.store.database import ping_when_idle
 
 DEFAULT_POOL_SIZE = 1
@@ -43,7 +48,11 @@ DEFAULT_POOL_RECYCLE_SECONDS = 3600
 
 
 class PooledPostgresEventLogStorage(
-    GroupedWrites, CheckRowsPerDocument, WritesRemembered, PostgresEventLogStorage
+    GroupedWrites,
+    CheckRowsPerDocument,
+    CheckRowsUpdatedOnce,
+    WritesRemembered,
+    PostgresEventLogStorage,
 ):
     """dagster-postgres's event log, a run's planned checks written in time proportional to its
     documents, and a group of events in one transaction (``ai_pipeline.defs.event_log``)."""

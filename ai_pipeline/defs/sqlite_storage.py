@@ -51,7 +51,12 @@ from ai_pipeline.defs.dagster_private import (
     SqliteEventLogStorage,
     SqliteEventLogStorageWatchdog,
 )
-from ai_pipeline.defs.event_log import CheckRowsPerDocument, GroupedWrites, WritesRemembered
+from ai_pipeline.defs.event_log import (
+    CheckRowsPerDocument,
+    CheckRowsUpdatedOnce,
+    GroupedWrites,
+    WritesRemembered,
+)
 
 ENGINES = 32
 
@@ -75,7 +80,11 @@ class _WatchdogOnWal(SqliteEventLogStorageWatchdog):
 
 
 class EngineReusingSqliteEventLogStorage(
-    GroupedWrites, CheckRowsPerDocument, WritesRemembered, SqliteEventLogStorage
+    GroupedWrites,
+    CheckRowsPerDocument,
+    CheckRowsUpdatedOnce,
+    WritesRemembered,
+    SqliteEventLogStorage,
 ):
     """``SqliteEventLogStorage`` with one engine and open connection per shard instead of an
     engine per connection (and a run's planned checks written in time proportional to its

@@ -89,3 +89,35 @@ def test_a_connection_the_server_dropped_is_replaced(
         assert instance.get_runs_count() == 0  # the run storage's kept connection too
         records = instance.fetch_materializations(dg.AssetKey("probe"), limit=10).records
         assert len(records) == 2
+
+
+def test_a_steps_events_are_dagster_postgres_rows(
+    postgres_databases: PostgresDatabases, pg_skip_reason: str | None
+) -> None:
+    """On PostgreSQL too, the project's event log keeps the rows dagster-postgres's own storage
+    writes for a step's materializations and check evaluations (a check evaluation's row written
+    with the text of its event-log row, ``CheckRowsUpdatedOnce``), planned or not."""
+    from dagster_postgres import PostgresEventLogStorage
+
+    from ai_pipeline.defs.pg_storage import PooledPostgresEventLogStorage
+    from ai_pipeline_tests.postgres import skip_or_fail
+    from ai_pipeline_tests.step_events import assert_same_rows, rows_kept, step_events
+
+    if pg_skip_reason:
+        skip_or_fail(pg_skip_reason)
+    events = step_events()
+    written = {}
+    for name, cls in (
+        ("dagster", PostgresEventLogStorage),
+        ("ours", PooledPostgresEventLogStorage),
+    ):
+        database = postgres_databases.create(name)
+        storage = cls(f"postgresql+psycopg2://{PG_USER}@{PG_HOST}:{PG_PORT}/{database}")
+        try:
+            for event in events:
+                storage.store_event(event)
+            written[name] = rows_kept(storage)
+        finally:
+            storage.dispose()
+    assert len(written["ours"]["run events"]) == 6
+    assert_same_rows(written["ours"], written["dagster"])

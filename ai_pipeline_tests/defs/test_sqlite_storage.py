@@ -230,80 +230,13 @@ def test_events_written_after_a_wipe_land_in_the_new_files(tmp_path: Path) -> No
 
 def test_a_steps_materializations_and_check_evaluations_are_dagsters_rows(tmp_path: Path) -> None:
     """The project's event log writes a step's materializations and check evaluations with one
-    insert statement of its own (``store_event``): the rows — in the run's database, the index,
-    the asset-key table and the check table — are those Dagster's own storage writes."""
-    import time
+    insert statement of its own (``store_event``), and a check evaluation's row with the text of
+    its event-log row (``CheckRowsUpdatedOnce``): the rows — in the run's database, the index, the
+    asset-key table and the check table, planned or not — are those Dagster's own storage writes."""
+    from ai_pipeline.defs.dagster_private import SqliteEventLogStorage
+    from ai_pipeline_tests.step_events import assert_same_rows, rows_kept, step_events
 
-    import dagster as dg
-    import sqlalchemy as sa
-    from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-        AssetCheckEvaluation,
-        AssetCheckEvaluationPlanned,
-    )
-    from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
-    from dagster._core.events.log import EventLogEntry
-
-    from ai_pipeline.defs.dagster_private import (
-        AssetCheckExecutionsTable,
-        SqlEventLogStorageTable,
-        SqliteEventLogStorage,
-    )
-
-    asset = dg.AssetKey("llm_analysis")
-    subset = dg.DynamicPartitionsDefinition(name="documents").empty_subset()
-
-    def entry(kind: DagsterEventType, data: object) -> EventLogEntry:
-        return EventLogEntry(
-            error_info=None,
-            level="DEBUG",
-            user_message="",
-            run_id="r1",
-            timestamp=time.time(),
-            step_key="analyse_documents",
-            job_name="j",
-            dagster_event=DagsterEvent(
-                event_type_value=kind.value,
-                job_name="j",
-                event_specific_data=data,
-                step_key="analyse_documents",
-            ),
-        )
-
-    events = [
-        entry(
-            DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED,
-            AssetCheckEvaluationPlanned(
-                asset_key=asset,
-                check_name="schema",
-                partitions_subset=subset.with_partition_keys(["d1", "d2"]),
-            ),
-        )
-    ]
-    for document in ("d1", "d2"):
-        events.append(
-            entry(
-                DagsterEventType.ASSET_MATERIALIZATION,
-                StepMaterializationData(
-                    dg.AssetMaterialization(asset, partition=document, metadata={"n": 1})
-                ),
-            )
-        )
-        events.append(
-            entry(
-                DagsterEventType.ASSET_CHECK_EVALUATION,
-                AssetCheckEvaluation(
-                    asset_key=asset,
-                    check_name="schema",
-                    passed=document == "d1",
-                    partition=document,
-                    metadata={},
-                ),
-            )
-        )
-    tables = {
-        "events": SqlEventLogStorageTable,
-        "checks": AssetCheckExecutionsTable,
-    }
+    events = step_events()
     written = {}
     for name, cls in (
         ("dagster", SqliteEventLogStorage),
@@ -312,24 +245,7 @@ def test_a_steps_materializations_and_check_evaluations_are_dagsters_rows(tmp_pa
         storage = cls(str(tmp_path / name))
         for event in events:
             storage.store_event(event)
-        rows: dict[str, list[dict]] = {}
-        with storage.run_connection("r1") as conn:
-            rows["run events"] = [
-                dict(r._mapping) for r in conn.execute(sa.select(SqlEventLogStorageTable))
-            ]
-        with storage.index_connection() as conn:
-            for table, t in tables.items():
-                rows[table] = [dict(r._mapping) for r in conn.execute(sa.select(t))]
-        latest = storage.get_asset_records([asset])[0].asset_entry.last_materialization_record
-        rows["latest"] = [{"storage_id": latest.storage_id if latest else None}]
+        written[name] = rows_kept(storage)
         storage.dispose()
-        written[name] = rows
-    # create_timestamp is the database's clock at the insert, a second apart or not.
-    for table in written["dagster"]:
-        for a, b in zip(written["ours"][table], written["dagster"][table], strict=True):
-            for row in (a, b):
-                row.pop("create_timestamp", None)
-            assert a == b, (table, {k: (a[k], b[k]) for k in a if a[k] != b[k]})
-    assert len(written["ours"]["run events"]) == 5
-    checks = sorted((r["partition"], r["execution_status"]) for r in written["ours"]["checks"])
-    assert checks == [("d1", "SUCCEEDED"), ("d2", "FAILED")]
+    assert len(written["ours"]["run events"]) == 6
+    assert_same_rows(written["ours"], written["dagster"])
