@@ -21,39 +21,42 @@ def _loads(value: str | None) -> Any:
     return json.loads(value) if value is not None else None
 
 
+# Built once: a run reads and writes a checkpoint per document (``ai_pipeline.store.documents``).
+_GET = sa.select(checkpoints.c.payload).where(checkpoints.c.task_id == sa.bindparam("task_id"))
+_MANY = sa.select(checkpoints.c.task_id, checkpoints.c.payload)
+
+
 class Checkpoints:
     def __init__(self, db: Database):
         self.db = db
+        # The dialect's INSERT … ON CONFLICT DO NOTHING RETURNING the payload (a row only when
+        # this insert wrote it), the row bound at execution.
+        self._put = db.insert(checkpoints).on_conflict_do_nothing().returning(checkpoints.c.payload)
 
     def get(self, task_id: str) -> dict[str, Any] | None:
         """The stored payload of a task, or None when the task has not been done."""
-        rows = self.db.rows(
-            sa.select(checkpoints.c.payload).where(checkpoints.c.task_id == task_id)
-        )
+        rows = self.db.rows(_GET, {"task_id": task_id})
         return _loads(rows[0].payload) if rows else None
 
     def get_many(self, task_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-        query = sa.select(checkpoints.c.task_id, checkpoints.c.payload)
-        rows = self.db.select_in(query, checkpoints.c.task_id, task_ids)
+        rows = self.db.select_in(_MANY, checkpoints.c.task_id, task_ids)
         return {r.task_id: _loads(r.payload) for r in rows}
 
     def put(
         self, task_id: str, document_id: str, step: str, payload: dict[str, Any]
     ) -> dict[str, Any]:
         """Store a task's result durably; if one exists already, keep it and return it."""
-        insert = (
-            self.db.insert(checkpoints)
-            .values(
-                task_id=task_id,
-                document_id=document_id,
-                step=step,
-                payload=json.dumps(payload, ensure_ascii=False, sort_keys=True),
-                created_at=utcnow(),
-            )
-            .on_conflict_do_nothing()
-        )
-        self.db.write(lambda conn: conn.execute(insert))
-        stored = self.get(task_id)
+        row = {
+            "task_id": task_id,
+            "document_id": document_id,
+            "step": step,
+            "payload": json.dumps(payload, ensure_ascii=False, sort_keys=True),
+            "created_at": utcnow(),
+        }
+        inserted = self.db.write(lambda conn: conn.execute(self._put, row).first())
+        if inserted is not None:  # the row is this call's: what it stored, without reading it
+            return dict(_loads(inserted.payload))
+        stored = self.get(task_id)  # another writer's, kept
         assert stored is not None
         return stored
 

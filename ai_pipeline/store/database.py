@@ -34,6 +34,10 @@ from ai_pipeline.tracing import span
 T = TypeVar("T")
 _INSERTS: dict[str, Any] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
 IN_CHUNK = 500
+# The name of the list an ``in_statement`` binds, and how many such statements a database keeps
+# (queries made anew at each call are dropped with the rest when there are more).
+IN_VALUES = "in_values"
+IN_STATEMENTS = 256
 DEFAULT_RETRY_SECONDS = 60.0
 _BACKOFF = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
 # A pooled connection unused for longer than this is checked before use (``ping_when_idle``).
@@ -238,6 +242,7 @@ class Database:
         self.retry_seconds = retry_seconds
         self._sleep = sleep
         self._lock = threading.Lock()
+        self._in_statements: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
         self.retries = 0  # how many calls were retried (for tests and the benchmark)
         self._retrying(lambda: create_schema(self.engine))
 
@@ -275,24 +280,41 @@ class Database:
 
         return self._retrying(on_connection)
 
-    def rows(self, query: Any) -> list[Any]:
-        """All rows of a query."""
-        return self.read(lambda conn: list(conn.execute(query)))
+    def rows(self, query: Any, params: dict[str, Any] | None = None) -> list[Any]:
+        """All rows of a query (with its bound ``params``)."""
+        return self.read(lambda conn: list(conn.execute(query, params)))
 
     def select_in(
         self, query: sa.Select[Any], column: sa.ColumnElement[Any], values: Iterable[str]
     ) -> list[Any]:
         """The rows of ``query`` whose ``column`` is one of ``values``, however many: the values
-        are bound ``IN_CHUNK`` at a time, well under SQLite's and PostgreSQL's limits."""
+        are bound ``IN_CHUNK`` at a time, well under SQLite's and PostgreSQL's limits. The
+        statement is built once per query and column (``in_statement``)."""
         wanted = list(dict.fromkeys(values))
+        statement = self.in_statement(query, column)
 
         def chunked(conn: Connection) -> list[Any]:
             rows: list[Any] = []
             for i in range(0, len(wanted), IN_CHUNK):
-                rows.extend(conn.execute(query.where(column.in_(wanted[i : i + IN_CHUNK]))))
+                rows.extend(conn.execute(statement, {IN_VALUES: wanted[i : i + IN_CHUNK]}))
             return rows
 
         return self.read(chunked)
+
+    def in_statement(self, query: Any, column: sa.ColumnElement[Any]) -> Any:
+        """``query`` where ``column`` is IN the list bound as ``IN_VALUES``; built once for a
+        query kept as a constant (SQLAlchemy builds and hashes a statement every time it is made,
+        several times what executing it costs on SQLite)."""
+        key = (id(query), id(column))
+        kept = self._in_statements.get(key)
+        if kept is None or kept[0] is not query or kept[1] is not column:
+            statement = query.where(column.in_(sa.bindparam(IN_VALUES, expanding=True)))
+            kept = (query, column, statement)
+            with self._lock:
+                if len(self._in_statements) >= IN_STATEMENTS:
+                    self._in_statements.clear()
+                self._in_statements[key] = kept
+        return kept[2]
 
     def _retrying(self, call: Callable[[], T]) -> T:
         started = time.monotonic()

@@ -23,6 +23,39 @@ from ai_pipeline.store.rows import DocumentRow, StoredDocument
 from ai_pipeline.store.tables import document_sources, documents
 
 _ROW_COLUMNS = [c for c in documents.columns if c.name != "text"]
+
+# The statements a run makes for every document, built once: SQLAlchemy builds and hashes a
+# statement each time one is made, which cost several times executing it (benchmarks/README.md).
+_ONE = documents.c.document_id == sa.bindparam("document_id")
+_GET = sa.select(*_ROW_COLUMNS).where(_ONE)
+_LOAD = sa.select(documents).where(_ONE)
+_STATE = sa.select(documents.c.state, documents.c.run_id).where(_ONE)
+_SOURCES = sa.select(document_sources).order_by(
+    document_sources.c.first_seen_at, document_sources.c.source
+)
+_KNOWN_SOURCES = sa.select(document_sources.c.source)
+# The compare-and-set of ``transition``, per set of columns it writes (and whether it also
+# compares the run and counts an attempt): the values are bound as ``set_<column>``.
+_MOVES: dict[tuple[tuple[str, ...], bool, bool], Any] = {}
+
+
+def _move_statement(columns: tuple[str, ...], on_run: bool, count_attempt: bool) -> Any:
+    key = (columns, on_run, count_attempt)
+    statement = _MOVES.get(key)
+    if statement is None:
+        where = [
+            documents.c.document_id == sa.bindparam("at_document_id"),
+            documents.c.state == sa.bindparam("at_state"),
+        ]
+        if on_run:
+            where.append(documents.c.run_id == sa.bindparam("at_run_id"))
+        values: dict[str, Any] = {c: sa.bindparam(f"set_{c}") for c in columns}
+        if count_attempt:
+            values["attempts"] = documents.c.attempts + 1
+        statement = _MOVES[key] = sa.update(documents).where(*where).values(values)
+    return statement
+
+
 # The states in which a run leaves a document it has dealt with.
 ENDED = (State.COMPLETED, State.FAILED, State.DEAD_LETTER, State.CANCELLED)
 
@@ -111,12 +144,12 @@ class Documents:
         return {r["document_id"] for r in new}
 
     def get(self, document_id: str) -> DocumentRow | None:
-        rows = self.db.rows(sa.select(*_ROW_COLUMNS).where(documents.c.document_id == document_id))
+        rows = self.db.rows(_GET, {"document_id": document_id})
         return DocumentRow.from_row(rows[0]) if rows else None
 
     def load(self, document_id: str) -> StoredDocument | None:
         """The document with its text (the only read of a text)."""
-        rows = self.db.rows(sa.select(documents).where(documents.c.document_id == document_id))
+        rows = self.db.rows(_LOAD, {"document_id": document_id})
         return StoredDocument.from_row(rows[0]) if rows else None
 
     def rows(self, document_ids: Iterable[str] | None = None) -> list[DocumentRow]:
@@ -217,13 +250,10 @@ class Documents:
 
     def sources(self, document_ids: Iterable[str] | None = None) -> dict[str, list[str]]:
         """Every file name each document arrived under, first seen first."""
-        query = sa.select(document_sources).order_by(
-            document_sources.c.first_seen_at, document_sources.c.source
-        )
         if document_ids is None:
-            rows = self.db.rows(query)
+            rows = self.db.rows(_SOURCES)
         else:
-            rows = self.db.select_in(query, document_sources.c.document_id, document_ids)
+            rows = self.db.select_in(_SOURCES, document_sources.c.document_id, document_ids)
             # Each chunk comes back in order; together they must be ordered again.
             rows.sort(key=lambda r: (r.first_seen_at, r.source))
         out: dict[str, list[str]] = {}
@@ -233,8 +263,8 @@ class Documents:
 
     def known_sources(self, sources: Iterable[str]) -> set[str]:
         """Which of these file paths have been registered before (under any content)."""
-        query = sa.select(document_sources.c.source)
-        return {r.source for r in self.db.select_in(query, document_sources.c.source, sources)}
+        rows = self.db.select_in(_KNOWN_SOURCES, document_sources.c.source, sources)
+        return {r.source for r in rows}
 
     def transition(
         self,
@@ -262,11 +292,7 @@ class Documents:
         """
 
         def move(conn: Connection) -> State:
-            row = conn.execute(
-                sa.select(documents.c.state, documents.c.run_id).where(
-                    documents.c.document_id == document_id
-                )
-            ).first()
+            row = conn.execute(_STATE, {"document_id": document_id}).first()
             if row is None:
                 raise KeyError(f"unknown document {document_id}")
             current = State(row.state)
@@ -292,18 +318,18 @@ class Documents:
                 values["task_id"] = task_id
             if run_id is not None:
                 values["run_id"] = run_id
-            if count_attempt:
-                values["attempts"] = documents.c.attempts + 1
             if reset_attempts:
                 values["attempts"] = 0
-            update = (
-                sa.update(documents)
-                .where(documents.c.document_id == document_id)
-                .where(documents.c.state == current.value)
+            update = _move_statement(
+                tuple(values),
+                on_run=expected_run_id is not None,
+                count_attempt=count_attempt and not reset_attempts,
             )
+            params = {f"set_{c}": v for c, v in values.items()}
+            params.update(at_document_id=document_id, at_state=current.value)
             if expected_run_id is not None:
-                update = update.where(documents.c.run_id == expected_run_id)
-            if not conn.execute(update.values(values)).rowcount:
+                params["at_run_id"] = expected_run_id
+            if not conn.execute(update, params).rowcount:
                 raise ConcurrentChange(f"document {document_id} changed state concurrently")
             return current
 

@@ -47,9 +47,34 @@ class Lease:
         return self.expires_at >= (now or utcnow())
 
 
+# Built once, as a run takes and releases a lease per document (``ai_pipeline.store.documents``).
+_RELEASE = (
+    sa.delete(leases)
+    .where(leases.c.task_id == sa.bindparam("task_id"))
+    .where(leases.c.owner == sa.bindparam("owner"))
+)
+
+
 class Leases:
     def __init__(self, db: Database):
         self.db = db
+        # ``claim``'s statement (the module's docstring), the row and the time bound at execution.
+        insert = db.insert(leases)
+        self._claim = insert.on_conflict_do_update(
+            index_elements=["task_id"],
+            set_={
+                "owner": insert.excluded.owner,
+                "document_id": insert.excluded.document_id,
+                "expires_at": insert.excluded.expires_at,
+                "process": insert.excluded.process,
+                "acquired_at": sa.case(
+                    (leases.c.owner == insert.excluded.owner, leases.c.acquired_at),
+                    else_=insert.excluded.acquired_at,
+                ),
+            },
+            where=(leases.c.expires_at < sa.bindparam("claimed_at"))
+            | (leases.c.owner == insert.excluded.owner),
+        ).returning(leases.c.owner)
 
     def claim(
         self,
@@ -62,31 +87,18 @@ class Leases:
         """Take (or renew) the lease of a task for ``seconds``, held by ``owner`` in ``process``;
         False when another owner holds a live one."""
         now = utcnow()
-        stmt = self.db.insert(leases).values(
-            task_id=task_id,
-            document_id=document_id,
-            owner=owner,
-            acquired_at=now,
-            expires_at=now + timedelta(seconds=seconds),
-            process=process.text() if process else None,
-        )
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["task_id"],
-            set_={
-                "owner": stmt.excluded.owner,
-                "document_id": stmt.excluded.document_id,
-                "expires_at": stmt.excluded.expires_at,
-                "process": stmt.excluded.process,
-                "acquired_at": sa.case(
-                    (leases.c.owner == stmt.excluded.owner, leases.c.acquired_at),
-                    else_=stmt.excluded.acquired_at,
-                ),
-            },
-            where=(leases.c.expires_at < now) | (leases.c.owner == stmt.excluded.owner),
-        ).returning(leases.c.owner)
+        row = {
+            "task_id": task_id,
+            "document_id": document_id,
+            "owner": owner,
+            "acquired_at": now,
+            "expires_at": now + timedelta(seconds=seconds),
+            "process": process.text() if process else None,
+            "claimed_at": now,
+        }
 
         def take(conn: Connection) -> bool:
-            return conn.execute(stmt).first() is not None
+            return conn.execute(self._claim, row).first() is not None
 
         return self.db.write(take)
 
@@ -141,9 +153,7 @@ class Leases:
         """Give a lease up (only its owner can); True if it was held."""
 
         def drop(conn: Connection) -> bool:
-            deleted = conn.execute(
-                sa.delete(leases).where(leases.c.task_id == task_id).where(leases.c.owner == owner)
-            ).rowcount
+            deleted = conn.execute(_RELEASE, {"task_id": task_id, "owner": owner}).rowcount
             return bool(deleted)
 
         return self.db.write(drop)

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlalchemy.engine import Connection
 
-from ai_pipeline.store.database import IN_CHUNK, Database
+from ai_pipeline.store.database import IN_CHUNK, IN_VALUES, Database
 from ai_pipeline.store.documents import utcnow
 from ai_pipeline.store.rows import ResultRow
 from ai_pipeline.store.tables import results_tables
@@ -58,6 +58,7 @@ class Results:
         assert self.table.metadata is not None
         db.create(self.table.metadata)
         self._upsert: Any = None
+        self._rows = sa.select(self.table)
 
     def upsert(self, rows: Sequence[ResultRow]) -> int:
         """Insert or update result rows, one per document id. Never a plain insert."""
@@ -72,6 +73,7 @@ class Results:
         ]
         results, results_history = self.table, self.history_table
         upsert = self._upsert_statement()
+        current = self.db.in_statement(self._rows, results.c.document_id)
         new_tasks = {d: row.task_id for d, row in latest.items()}
 
         def write(conn: Connection) -> None:
@@ -79,9 +81,9 @@ class Results:
             ids = list(new_tasks)
             replaced = []
             for i in range(0, len(ids), IN_CHUNK):
-                query = sa.select(results).where(results.c.document_id.in_(ids[i : i + IN_CHUNK]))
+                chunk = {IN_VALUES: ids[i : i + IN_CHUNK]}
                 replaced += [
-                    r for r in conn.execute(query) if r.task_id != new_tasks[r.document_id]
+                    r for r in conn.execute(current, chunk) if r.task_id != new_tasks[r.document_id]
                 ]
             if replaced:
                 conn.execute(

@@ -27,6 +27,9 @@ from ai_pipeline.store.rows import (
 )
 from ai_pipeline.store.tables import outbox, overrides, quarantine, review_queue
 
+# Built once: a run looks a document's review item up as it settles each document.
+_ONE = sa.select(review_queue).where(review_queue.c.document_id == sa.bindparam("document_id"))
+
 
 class Reviews:
     def __init__(self, db: Database):
@@ -78,8 +81,7 @@ class Reviews:
         return [ReviewItem.from_row(r) for r in self.db.rows(query)]
 
     def get(self, document_id: str) -> ReviewItem | None:
-        query = sa.select(review_queue).where(review_queue.c.document_id == document_id)
-        rows = self.db.rows(query)
+        rows = self.db.rows(_ONE, {"document_id": document_id})
         return ReviewItem.from_row(rows[0]) if rows else None
 
     def decide(

@@ -128,6 +128,11 @@ _SUMS = (
 )
 
 
+# Built once: a run records and reads a document's spend with every call it makes.
+_PER_DOCUMENT = sa.select(llm_usage.c.document_id, *_SUMS).group_by(llm_usage.c.document_id)
+_RECORD_USAGE = sa.insert(llm_usage)
+
+
 def _totals(row: Any) -> Totals:
     return Totals(int(row[0]), int(row[1]), int(row[2]), float(row[3]), int(row[4]), int(row[5]))
 
@@ -144,21 +149,22 @@ def record_usage(
     what each budget of ``keys`` spent."""
     now = utcnow()
     conn.execute(
-        sa.insert(llm_usage).values(
-            task_id=usage.task_id,
-            document_id=usage.document_id,
-            step=usage.step,
-            run_id=usage.run_id,
-            model=usage.model,
-            outcome=usage.outcome,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            cached_tokens=usage.cached_tokens,
-            reasoning_tokens=usage.reasoning_tokens,
-            cost_usd=usage.cost_usd,
-            via=usage.via,
-            created_at=now,
-        )
+        _RECORD_USAGE,
+        {
+            "task_id": usage.task_id,
+            "document_id": usage.document_id,
+            "step": usage.step,
+            "run_id": usage.run_id,
+            "model": usage.model,
+            "outcome": usage.outcome,
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "cached_tokens": usage.cached_tokens,
+            "reasoning_tokens": usage.reasoning_tokens,
+            "cost_usd": usage.cost_usd,
+            "via": usage.via,
+            "created_at": now,
+        },
     )
     if keys:
         conn.execute(
@@ -300,8 +306,7 @@ class Spend:
 
     def for_documents(self, document_ids: Iterable[str]) -> dict[str, Totals]:
         """Each document's spend over all its attempts (documents without any are absent)."""
-        query = sa.select(llm_usage.c.document_id, *_SUMS).group_by(llm_usage.c.document_id)
-        rows = self.db.select_in(query, llm_usage.c.document_id, document_ids)
+        rows = self.db.select_in(_PER_DOCUMENT, llm_usage.c.document_id, document_ids)
         return {r[0]: _totals(r[1:]) for r in rows}
 
     def for_run(self, run_id: str) -> Totals:
