@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -112,15 +113,22 @@ def _ui_backfill(env: dict[str, str], timeout: float) -> dict[str, Any]:
         return {"backfill_id": backfill_id, "status": status_value, "selected": failed}
 
 
-def _runs_of(env: dict[str, str], backfill_id: str | None) -> tuple[int, int]:
-    """The runs Dagster launched for a backfill (None: every run of the instance), and how many
-    of them this package planned (they carry its ``ai_pipeline/documents`` tag)."""
+def _runs_of(env: dict[str, str], backfill_id: str | None) -> dict[str, Any]:
+    """The runs Dagster launched for a backfill (None: every run of the instance): how many, how
+    many of them this package planned (they carry its ``ai_pipeline/documents`` tag), and the
+    epoch seconds of the first creation, the first and last start and the last end."""
     code = (
         "import dagster as dg, json, sys\n"
         "with dg.DagsterInstance.get() as i:\n"
         "    f = dg.RunsFilter(tags={'dagster/backfill': sys.argv[1]}) if sys.argv[1] else None\n"
-        "    runs = i.get_runs(filters=f)\n"
-        "    print(len(runs), sum('ai_pipeline/documents' in r.tags for r in runs))\n"
+        "    records = i.get_run_records(filters=f)\n"
+        "    starts = [r.start_time for r in records if r.start_time]\n"
+        "    ends = [r.end_time for r in records if r.end_time]\n"
+        "    print(json.dumps({'runs': len(records),\n"
+        "        'planned_here': sum('ai_pipeline/documents' in r.dagster_run.tags for r in records),\n"
+        "        'created': min((r.create_timestamp.timestamp() for r in records), default=None),\n"
+        "        'first_start': min(starts, default=None), 'last_start': max(starts, default=None),\n"
+        "        'last_end': max(ends, default=None)}))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, backfill_id or ""],
@@ -130,8 +138,16 @@ def _runs_of(env: dict[str, str], backfill_id: str | None) -> tuple[int, int]:
         text=True,
         check=True,
     )
-    total, ours = out.stdout.split()
-    return int(total), int(ours)
+    return dict(json.loads(out.stdout))
+
+
+def _since(start: float, at: float | str | None) -> float | None:
+    """Seconds from epoch ``start`` to ``at`` (epoch seconds or an ISO time), or None."""
+    if at is None:
+        return None
+    if isinstance(at, str):
+        at = datetime.fromisoformat(at).timestamp()
+    return round(at - start, 2)
 
 
 def main() -> int:
@@ -189,10 +205,11 @@ def main() -> int:
                 started = time.perf_counter()
                 first = _cli(env, "submit", str(inbox), "--batch", "scattered", "--wait", "--json")
                 first_wall = time.perf_counter() - started
-                first_runs, _ = _runs_of(env, None)
+                first_runs = _runs_of(env, None)["runs"]
                 requests_before = simulator.stats()["total"]
                 simulator.set_faults([])
                 started = time.perf_counter()
+                started_at = time.time()
                 if args.via == "cli":
                     rerun = _cli(env, "backfill", "--failed", "--wait", "--json")
                     selected = [d["document_id"] for d in rerun["selected"]]
@@ -200,8 +217,12 @@ def main() -> int:
                     rerun = _ui_backfill(env, timeout=3600)
                     selected = rerun["selected"]
                 rerun_wall = time.perf_counter() - started
-                rerun_runs, planned_here = _runs_of(env, rerun["backfill_id"])
-                rerun_requests = simulator.stats()["total"] - requests_before
+                runs = _runs_of(env, rerun["backfill_id"])
+                stats = simulator.stats()
+                rerun_requests = stats["total"] - requests_before
+                asked = (
+                    [r["at"] for r in stats["requests"][-rerun_requests:]] if rerun_requests else []
+                )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -228,10 +249,20 @@ def main() -> int:
                 "status": rerun.get("status"),
                 "wall_seconds": round(rerun_wall, 1),
                 "seconds_per_document": round(rerun_per_doc, 4),
-                "runs": rerun_runs,
+                "runs": runs["runs"],
                 "runs_bound": bound,
-                "planned_by": "this package" if planned_here == rerun_runs else "Dagster",
+                "planned_by": "this package" if runs["planned_here"] == runs["runs"] else "Dagster",
                 "llm_requests": rerun_requests,
+                # Seconds from the rerun's start: where its wall time goes.
+                "timeline": {
+                    "runs_created": _since(started_at, runs["created"]),
+                    "first_run_started": _since(started_at, runs["first_start"]),
+                    "last_run_started": _since(started_at, runs["last_start"]),
+                    "first_request": _since(started_at, min(asked, default=None)),
+                    "last_request": _since(started_at, max(asked, default=None)),
+                    "last_run_ended": _since(started_at, runs["last_end"]),
+                    "returned": round(rerun_wall, 2),
+                },
             },
             "seconds_per_document_over_first_pass": round(rerun_per_doc / first_per_doc, 2),
             "loadavg_end": [round(x, 2) for x in os.getloadavg()],
