@@ -55,7 +55,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from dagster import DagsterInvariantViolationError
+from dagster import DagsterEventType, DagsterInvariantViolationError
 from sqlalchemy import and_, bindparam
 
 from ai_pipeline.defs.dagster_private import (
@@ -66,6 +66,12 @@ from ai_pipeline.defs.dagster_private import (
     serialize_value,
 )
 from ai_pipeline.defs.partitions import named_in
+
+# The events a run's step writes per document, which the storages' ``store_event`` write with one
+# insert statement built once.
+STEP_EVENTS = frozenset(
+    (DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.ASSET_CHECK_EVALUATION)
+)
 
 
 class CheckRowsPerDocument:

@@ -25,16 +25,23 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from dagster import Field, IntSource
+import sqlalchemy as sa
+from dagster import DagsterEventType, Field, IntSource
 from dagster_postgres import DagsterPostgresStorage, PostgresEventLogStorage
+from dagster_postgres.event_log.event_log import CHANNEL_NAME
 from dagster_postgres.utils import (
     create_pg_engine,
     get_token_provider_from_config,
     pg_url_from_config,
 )
 
-from ai_pipeline.defs.dagster_private import ConfigurableClassData, pg_config
+from ai_pipeline.defs.dagster_private import (
+    ConfigurableClassData,
+    SqlEventLogStorageTable,
+    pg_config,
+)
 from ai_pipeline.defs.event_log import (
+    STEP_EVENTS,
     CheckRowsPerDocument,
     CheckRowsUpdatedOnce,
     GroupedWrites,
@@ -46,6 +53,13 @@ DEFAULT_POOL_SIZE = 1
 DEFAULT_MAX_OVERFLOW = 8
 DEFAULT_POOL_RECYCLE_SECONDS = 3600
 
+# dagster-postgres's two statements per event, built once (``store_event``): the row's insert,
+# returning its run and id, and the NOTIFY it keeps for older UIs.
+_INSERT_EVENT = SqlEventLogStorageTable.insert().returning(
+    SqlEventLogStorageTable.c.run_id, SqlEventLogStorageTable.c.id
+)
+_NOTIFY = sa.text(f"NOTIFY {CHANNEL_NAME}, :notify_id")
+
 
 class PooledPostgresEventLogStorage(
     GroupedWrites,
@@ -56,6 +70,26 @@ class PooledPostgresEventLogStorage(
 ):
     """dagster-postgres's event log, a run's planned checks written in time proportional to its
     documents, and a group of events in one transaction (``ai_pipeline.defs.event_log``)."""
+
+    def store_event(self, event: Any) -> None:
+        """dagster-postgres's ``store_event`` for a step's materializations and check evaluations
+        — the same rows, statements and transactions (checked against dagster-postgres 0.29.27) —
+        with the row's values passed as parameters of statements built once: it builds a new
+        insert holding the values for every event, and SQLAlchemy derives its cache key from them
+        each time (a sixth of a run worker's CPU on PostgreSQL)."""
+        kind = event.dagster_event_type if event.is_dagster_event else None
+        if kind not in STEP_EVENTS:
+            super().store_event(event)
+            return
+        with self._connect() as conn:
+            run_id, event_id = conn.execute(_INSERT_EVENT, self._event_to_row(event)).one()
+            conn.execute(_NOTIFY, {"notify_id": f"{run_id}_{event_id}"})
+        if kind == DagsterEventType.ASSET_MATERIALIZATION:
+            with self.index_transaction() as conn:
+                self._store_asset_event_tags(conn, [event], [event_id])
+                self._store_asset_event(conn, event, event_id)
+        else:
+            self.store_asset_check_event(event, event_id)
 
     def _connect(self) -> Any:
         if self._group() is None:

@@ -52,6 +52,7 @@ from ai_pipeline.defs.dagster_private import (
     SqliteEventLogStorageWatchdog,
 )
 from ai_pipeline.defs.event_log import (
+    STEP_EVENTS,
     CheckRowsPerDocument,
     CheckRowsUpdatedOnce,
     GroupedWrites,
@@ -62,10 +63,6 @@ ENGINES = 32
 
 # The insert of an event-log row, one statement for every row (``store_event``).
 _INSERT_EVENT = SqlEventLogStorageTable.insert()
-# The events a run's step writes per document, which ``store_event`` writes so.
-_STEP_EVENTS = frozenset(
-    (DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.ASSET_CHECK_EVALUATION)
-)
 
 
 class _WatchdogOnWal(SqliteEventLogStorageWatchdog):
@@ -149,7 +146,7 @@ class EngineReusingSqliteEventLogStorage(
         insert statement: Dagster builds a new statement holding the values for every event, and
         SQLAlchemy derives its cache key from them each time (about a sixth of a run's step)."""
         kind = event.dagster_event_type if event.is_dagster_event else None
-        if kind not in _STEP_EVENTS:
+        if kind not in STEP_EVENTS:
             super().store_event(event)
             return
         row = self._event_to_row(event)
