@@ -21,18 +21,21 @@ RUN_ID = "r1"
 ASSET = dg.AssetKey("llm_analysis")
 
 
-def _entry(kind: DagsterEventType, data: object) -> EventLogEntry:
+def step_event(
+    kind: DagsterEventType, data: object, *, run_id: str = RUN_ID, job_name: str = "j"
+) -> EventLogEntry:
+    """An event of kind ``kind`` as the step ``analyse_documents`` of a run logs it."""
     return EventLogEntry(
         error_info=None,
         level="DEBUG",
         user_message="",
-        run_id=RUN_ID,
+        run_id=run_id,
         timestamp=time.time(),
         step_key="analyse_documents",
-        job_name="j",
+        job_name=job_name,
         dagster_event=DagsterEvent(
             event_type_value=kind.value,
-            job_name="j",
+            job_name=job_name,
             event_specific_data=data,
             step_key="analyse_documents",
         ),
@@ -45,7 +48,7 @@ def step_events() -> list[EventLogEntry]:
     inserted, not updated)."""
     subset = dg.DynamicPartitionsDefinition(name="documents").empty_subset()
     events = [
-        _entry(
+        step_event(
             DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED,
             AssetCheckEvaluationPlanned(
                 asset_key=ASSET,
@@ -56,7 +59,7 @@ def step_events() -> list[EventLogEntry]:
     ]
     for document in ("d1", "d2"):
         events.append(
-            _entry(
+            step_event(
                 DagsterEventType.ASSET_MATERIALIZATION,
                 StepMaterializationData(
                     dg.AssetMaterialization(ASSET, partition=document, metadata={"n": 1})
@@ -64,7 +67,7 @@ def step_events() -> list[EventLogEntry]:
             )
         )
         events.append(
-            _entry(
+            step_event(
                 DagsterEventType.ASSET_CHECK_EVALUATION,
                 AssetCheckEvaluation(
                     asset_key=ASSET,
@@ -76,7 +79,7 @@ def step_events() -> list[EventLogEntry]:
             )
         )
     events.append(
-        _entry(
+        step_event(
             DagsterEventType.ASSET_CHECK_EVALUATION,
             AssetCheckEvaluation(
                 asset_key=ASSET, check_name="grounding", passed=True, partition="d2", metadata={}

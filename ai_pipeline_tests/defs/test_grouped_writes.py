@@ -4,13 +4,14 @@ it after, nothing of a group that failed, and the rows are the ones event-by-eve
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
+from dagster._core.events import DagsterEventType, StepMaterializationData
 from dagster._core.events.log import EventLogEntry
+
+from ai_pipeline_tests.step_events import step_event
 
 RUN_ID = "0f0e0d0c-0b0a-4000-8000-000000000001"
 ASSETS = ("document_text", "llm_analysis")
@@ -18,23 +19,13 @@ ASSETS = ("document_text", "llm_analysis")
 
 def _materialization(asset: str, document: str) -> EventLogEntry:
     """What a run's step writes when it reports one stage of one document."""
-    event = DagsterEvent(
-        event_type_value=DagsterEventType.ASSET_MATERIALIZATION.value,
-        job_name="analyse_documents_job",
-        event_specific_data=StepMaterializationData(
+    return step_event(
+        DagsterEventType.ASSET_MATERIALIZATION,
+        StepMaterializationData(
             dg.AssetMaterialization(asset, partition=document, metadata={"document": document})
         ),
-        step_key="analyse_documents",
-    )
-    return EventLogEntry(
-        error_info=None,
-        level="DEBUG",
-        user_message="",
         run_id=RUN_ID,
-        timestamp=time.time(),
-        step_key="analyse_documents",
         job_name="analyse_documents_job",
-        dagster_event=event,
     )
 
 
