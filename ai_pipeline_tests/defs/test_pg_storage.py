@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import dagster as dg
+import psycopg2
 import pytest
 import sqlalchemy as sa
 
@@ -98,6 +99,7 @@ def test_a_steps_events_are_dagster_postgres_rows(
     writes for a step's materializations and check evaluations (a check evaluation's row written
     with the text of its event-log row, ``CheckRowsUpdatedOnce``), planned or not."""
     from dagster_postgres import PostgresEventLogStorage
+    from dagster_postgres.event_log.event_log import CHANNEL_NAME
 
     from ai_pipeline.defs.pg_storage import PooledPostgresEventLogStorage
     from ai_pipeline_tests.postgres import skip_or_fail
@@ -106,18 +108,28 @@ def test_a_steps_events_are_dagster_postgres_rows(
     if pg_skip_reason:
         skip_or_fail(pg_skip_reason)
     events = step_events()
-    written = {}
+    written, notified = {}, {}
     for name, cls in (
         ("dagster", PostgresEventLogStorage),
         ("ours", PooledPostgresEventLogStorage),
     ):
         database = postgres_databases.create(name)
-        storage = cls(f"postgresql+psycopg2://{PG_USER}@{PG_HOST}:{PG_PORT}/{database}")
+        url = f"postgresql+psycopg2://{PG_USER}@{PG_HOST}:{PG_PORT}/{database}"
+        storage = cls(url)
+        listener = psycopg2.connect(url.replace("+psycopg2", ""))
         try:
+            listener.autocommit = True
+            listener.cursor().execute(f"LISTEN {CHANNEL_NAME}")
             for event in events:
                 storage.store_event(event)
             written[name] = rows_kept(storage)
+            listener.poll()
+            notified[name] = [n.payload for n in listener.notifies]
         finally:
+            listener.close()
             storage.dispose()
     assert len(written["ours"]["run events"]) == 6
     assert_same_rows(written["ours"], written["dagster"])
+    # The notification of every event, as dagster-postgres sends it (``<run id>_<event id>``).
+    assert len(notified["ours"]) == 6
+    assert notified["ours"] == notified["dagster"]
