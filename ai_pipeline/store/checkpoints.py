@@ -53,7 +53,7 @@ class Checkpoints:
             "payload": json.dumps(payload, ensure_ascii=False, sort_keys=True),
             "created_at": utcnow(),
         }
-        inserted = self.db.write(lambda conn: conn.execute(self._put, row).first())
+        inserted = self.db.write_each(lambda conn: conn.execute(self._put, row).first())
         if inserted is not None:  # the row is this call's: what it stored, without reading it
             return dict(_loads(inserted.payload))
         stored = self.get(task_id)  # another writer's, kept

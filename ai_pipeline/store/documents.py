@@ -333,7 +333,8 @@ class Documents:
                 raise ConcurrentChange(f"document {document_id} changed state concurrently")
             return current
 
-        return self.db.write(move)
+        # The update checks what was read by itself: no transaction needed around the two.
+        return self.db.write_each(move)
 
     def queue(self, document_ids: Iterable[str]) -> int:
         """Move those of these documents that are PENDING to QUEUED, one UPDATE per chunk of ids

@@ -100,7 +100,7 @@ class Leases:
         def take(conn: Connection) -> bool:
             return conn.execute(self._claim, row).first() is not None
 
-        return self.db.write(take)
+        return self.db.write_each(take)
 
     def take_over(
         self,
@@ -129,7 +129,7 @@ class Leases:
             ).rowcount
             return bool(moved)
 
-        return self.db.write(take)
+        return self.db.write_each(take)
 
     def renew(self, owner: str, task_ids: Iterable[str], seconds: float) -> int:
         """Push the expiry of the owner's leases on these tasks; returns how many it still holds."""
@@ -156,11 +156,11 @@ class Leases:
             deleted = conn.execute(_RELEASE, {"task_id": task_id, "owner": owner}).rowcount
             return bool(deleted)
 
-        return self.db.write(drop)
+        return self.db.write_each(drop)
 
     def release_owner(self, owner: str) -> int:
         """Give up every lease of an owner (a run that is over); returns how many there were."""
-        return self.db.write(
+        return self.db.write_each(
             lambda conn: conn.execute(sa.delete(leases).where(leases.c.owner == owner)).rowcount
         )
 

@@ -290,7 +290,8 @@ class Spend:
         self, keys: Sequence[str], reserved_tokens: int, reserved_usd: float, usage: Usage
     ) -> None:
         """Record an attempt's usage, and move its reservation into what each budget spent."""
-        self.db.write(lambda conn: record_usage(conn, usage, keys, reserved_tokens, reserved_usd))
+        settle = self.db.write if keys else self.db.write_each  # without: one insert
+        settle(lambda conn: record_usage(conn, usage, keys, reserved_tokens, reserved_usd))
 
     # --- what was spent ----------------------------------------------------------------------
 

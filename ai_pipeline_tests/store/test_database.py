@@ -178,12 +178,13 @@ def test_a_pooled_connection_is_checked_without_a_round_trip_unless_it_sat_idle(
     pinged."""
     monkeypatch.setattr(database, "IDLE_PING_SECONDS", 0.5)
     store = Store(owned_postgres.create_database("pings"), retry_seconds=30)
-    dialect = store.db.engine.dialect
+    # Both of the database's pools (its transactions' and its autocommit one's) are counted.
+    dialect = type(store.db.engine.dialect)
     pings: list[bool] = []
     real_ping = dialect.do_ping
 
-    def counted(dbapi_connection: object) -> bool:
-        alive = real_ping(dbapi_connection)  # type: ignore[arg-type]
+    def counted(self: object, dbapi_connection: object) -> bool:
+        alive = real_ping(self, dbapi_connection)  # type: ignore[arg-type]
         pings.append(alive)
         return alive
 
@@ -214,20 +215,28 @@ def test_a_pooled_connection_is_checked_without_a_round_trip_unless_it_sat_idle(
         store.db.dispose()
 
 
-def test_reads_on_postgresql_run_outside_a_transaction_writes_inside_one(
+def test_on_postgresql_reads_and_lone_statements_run_outside_a_transaction_on_a_pool_of_their_own(
     pg_test_database_url: str,
 ) -> None:
-    """A read takes its pooled connection in autocommit (no BEGIN and ROLLBACK around it); the
-    same connection back in a write runs in a transaction again."""
+    """A read and a write of single statements take a pooled connection in autocommit (no BEGIN
+    and ROLLBACK or COMMIT around them), a write a connection in a transaction; each from a pool
+    of its own, so that no connection is switched (a round trip, psycopg2's ``SET
+    default_transaction_isolation``, each time)."""
     store = Store(pg_test_database_url)
+    connections: dict[str, set[int]] = {"autocommit": set(), "transaction": set()}
 
     def autocommit(conn: sa.Connection) -> bool:
-        return bool(conn.connection.dbapi_connection.autocommit)  # type: ignore[union-attr]
+        dbapi_connection = conn.connection.dbapi_connection
+        on = bool(dbapi_connection.autocommit)  # type: ignore[union-attr]
+        connections["autocommit" if on else "transaction"].add(id(dbapi_connection))
+        return on
 
     try:
-        assert store.db.read(autocommit) is True
-        assert store.db.write(autocommit) is False
-        assert store.db.read(autocommit) is True
+        for _ in range(3):
+            assert store.db.read(autocommit) is True
+            assert store.db.write(autocommit) is False
+            assert store.db.write_each(autocommit) is True
+        assert connections["autocommit"].isdisjoint(connections["transaction"])
     finally:
         store.db.dispose()
 
