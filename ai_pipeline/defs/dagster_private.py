@@ -39,7 +39,7 @@ Each has no public equivalent in that release; when Dagster changes, this is the
   ``InProcessWorkspaceLoadTarget``, ``InProcessCodeLocationOrigin``, ``InstigatorType``: a launched
   backfill's planned runs submitted at once, as the backfill daemon submits them on its next loop
   (``ai_pipeline.defs.start_runs``), from the code location the daemon's sensor states name.
-- ``set_defs_state_storage`` (``defs_state_of``): definitions loaded in this process against a
+- ``set_defs_state_storage`` (``loaded_against``): definitions loaded in this process against a
   given instance's defs state storage, not the one a context variable last named.
 - ``BulkActionsTable``, ``db_select``, ``deserialize_value`` and the run storage's ``connect``
   (through ``replace_backfill``): a backfill the UI created, re-planned by the code location's
@@ -51,11 +51,11 @@ Each has no public equivalent in that release; when Dagster changes, this is the
   made up for when its event-log consumer missed the failure (``ai_pipeline.defs.missed_retries``).
 """
 
+import contextvars
 import logging
 import os
 from collections.abc import Callable
-from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 from dagster import AssetKey, DagsterInstance, DagsterRun
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
@@ -133,6 +133,8 @@ def report_planned_materialization(
     instance.report_dagster_event(event, run.run_id, logging.DEBUG)
 
 
+T = TypeVar("T")
+
 __all__ = [
     "SQLITE_BUSY_TIMEOUT_SECONDS",
     "ConfigurableClassData",
@@ -167,7 +169,7 @@ __all__ = [
     "InProcessWorkspaceLoadTarget",
     "InstigatorType",
     "WorkspaceProcessContext",
-    "defs_state_of",
+    "loaded_against",
     "submit_asset_run",
     "AUTO_RETRY_RUN_ID_TAG",
     "WILL_RETRY_TAG",
@@ -177,16 +179,27 @@ __all__ = [
 def repository_of(definitions: Any, instance: DagsterInstance) -> Any:
     """``definitions.get_repository_def()``, built (once; Dagster caches it) against ``instance``'s
     defs state storage rather than whatever instance a context variable still names."""
-    with defs_state_of(instance):
-        return definitions.get_repository_def()
+    return loaded_against(instance, definitions.get_repository_def)
 
 
-def defs_state_of(instance: DagsterInstance) -> AbstractContextManager[None]:
-    """Within it, definitions load against ``instance``'s defs state storage. Dagster reads that
-    storage from a context variable that entering an instance sets and leaving it may not reset;
-    one naming an instance gone since fails every load ("Attempted to resolve undefined
-    DagsterInstance weakref")."""
-    return set_defs_state_storage(instance.defs_state_storage)
+def loaded_against(instance: DagsterInstance, load: Callable[[], T]) -> T:
+    """``load()`` — which loads definitions — against ``instance``'s defs state storage.
+
+    Dagster reads that storage from a context variable that entering an instance sets and leaving
+    it resets; a storage whose instance is gone fails every load ("Attempted to resolve undefined
+    DagsterInstance weakref"). Setting the variable for the load is not enough on its own: an
+    instance entered and never left (a generator dropped halfway) resets the variable when the
+    garbage collector finalizes it, whenever that is, to the storage that was current before it —
+    perhaps a dead instance's, in the middle of the load (seen under the test suite's load). So the
+    load runs in a copy of this thread's context: such a reset there belongs to another context,
+    and Dagster then leaves the variable empty (a load without defs state, as with no storage)
+    instead of naming a dead storage."""
+
+    def set_and_load() -> T:
+        with set_defs_state_storage(instance.defs_state_storage):
+            return load()
+
+    return contextvars.copy_context().run(set_and_load)
 
 
 def replace_backfill(

@@ -42,7 +42,7 @@ from ai_pipeline.defs.dagster_private import (
     InProcessWorkspaceLoadTarget,
     InstigatorType,
     WorkspaceProcessContext,
-    defs_state_of,
+    loaded_against,
     submit_asset_run,
 )
 from ai_pipeline.defs.site import DEFAULT_SITE, Site
@@ -117,7 +117,7 @@ def daemon_workspace(instance: dg.DagsterInstance, site: Site = DEFAULT_SITE) ->
     )
     # Loaded against this instance's defs state storage, not one a context variable may still
     # name from an instance gone since (its load then fails: "undefined DagsterInstance weakref").
-    with defs_state_of(instance), WorkspaceProcessContext(instance, target) as context:
+    with loaded_against(instance, lambda: WorkspaceProcessContext(instance, target)) as context:
         if context.create_request_context().has_code_location_error(origin.location_name):
             log.info("code location %s does not load here", origin.location_name)
             yield None

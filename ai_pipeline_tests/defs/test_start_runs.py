@@ -167,6 +167,51 @@ def test_an_instance_gone_since_does_not_keep_the_runs_from_starting(
         gc.enable()
 
 
+def test_a_dead_instances_storage_put_back_during_the_load_does_not_keep_the_runs_from_starting(
+    instance: dg.DagsterInstance,
+    planned: tuple[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An instance entered and never left resets the context variable, when the collector
+    finalizes it, to the storage that was current before it: at any moment, in the middle of a
+    load too (under the suite's load a run was left to the daemon's next loop this way). Here the
+    reset comes at the worst moment, as the code location begins to load, and puts back the
+    storage of an instance that is gone."""
+    import gc
+
+    from dagster._core.remote_representation.code_location import InProcessCodeLocation
+    from dagster._core.storage.defs_state.base import set_defs_state_storage
+
+    backfill_id, _ = planned
+    instance.add_instigator_state(sensor_state("ai_pipeline", time.time()))
+    (tmp_path / "gone").mkdir()
+    gone = dg.DagsterInstance.local_temp(str(tmp_path / "gone"))
+    stale = gone.defs_state_storage
+    del gone
+    gc.collect()
+    outer = set_defs_state_storage(stale)
+    outer.__enter__()
+    # Entered while the dead instance's storage was current, never left.
+    dropped = set_defs_state_storage(instance.defs_state_storage)
+    dropped.__enter__()
+    load = InProcessCodeLocation.__init__
+    finalized: list[bool] = []
+
+    def finalized_first(self: Any, *args: Any, **kwargs: Any) -> None:
+        if not finalized:
+            finalized.append(True)
+            dropped.__exit__(None, None, None)  # what the collector does
+        load(self, *args, **kwargs)
+
+    monkeypatch.setattr(InProcessCodeLocation, "__init__", finalized_first)
+    try:
+        assert start_planned_runs(instance, [backfill_id]) == 3
+        assert finalized == [True]
+    finally:
+        outer.__exit__(None, None, None)
+
+
 def test_only_the_first_wave_is_submitted_the_rest_left_to_the_daemon(
     dagster_home: Path, planned: tuple[str, Any]
 ) -> None:
