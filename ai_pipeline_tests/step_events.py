@@ -15,7 +15,11 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
 from dagster._core.events.log import EventLogEntry
 
-from ai_pipeline.defs.dagster_private import AssetCheckExecutionsTable, SqlEventLogStorageTable
+from ai_pipeline.defs.dagster_private import (
+    AssetCheckExecutionsTable,
+    AssetKeyTable,
+    SqlEventLogStorageTable,
+)
 
 RUN_ID = "r1"
 ASSET = dg.AssetKey("llm_analysis")
@@ -105,6 +109,18 @@ def rows_kept(storage: Any) -> dict[str, list[dict[str, Any]]]:
             rows[name] = [
                 dict(r._mapping) for r in conn.execute(sa.select(table).order_by(table.c.id))
             ]
+        # The asset's row: its latest materialization, the record holding the event, byte for byte.
+        rows["asset"] = [
+            dict(r._mapping)
+            for r in conn.execute(
+                sa.select(
+                    AssetKeyTable.c.asset_key,
+                    AssetKeyTable.c.last_materialization,
+                    AssetKeyTable.c.last_run_id,
+                    AssetKeyTable.c.last_materialization_timestamp,
+                )
+            )
+        ]
     latest = storage.get_asset_records([ASSET])[0].asset_entry.last_materialization_record
     rows["latest"] = [{"storage_id": latest.storage_id if latest else None}]
     for table in rows.values():

@@ -28,6 +28,8 @@ Each has no public equivalent in that release; when Dagster changes, this is the
 - ``AssetCheckExecutionsTable``, ``AssetCheckExecutionRecordStatus``, ``serialize_value``,
   ``DefaultPartitionsSubset``, ``copy_record``: the rows a planned check evaluation writes, which ``ai_pipeline.defs.event_log`` writes itself (it
   overrides ``SqlEventLogStorage._store_asset_check_evaluation_planned``, whose body it mirrors).
+  ``AssetKeyTable``, ``ASSET_KEY_INDEX_COLS``: an asset's row, which the production event log upserts with a statement
+  built once (``ai_pipeline.defs.pg_storage``; it mirrors dagster-postgres's ``_store_asset_event``).
 - ``pg_config``: the configuration schema of dagster-postgres's storage, which the production
   instance's pooled storage (``ai_pipeline.defs.pg_storage``) extends; that module also replaces
   each dagster-postgres storage's ``_engine`` (check ``_connect`` there when dagster-postgres
@@ -76,8 +78,10 @@ from dagster._core.scheduler.instigation import InstigatorType
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.config import pg_config
 from dagster._core.storage.defs_state.base import set_defs_state_storage
+from dagster._core.storage.event_log.migration import ASSET_KEY_INDEX_COLS
 from dagster._core.storage.event_log.schema import (
     AssetCheckExecutionsTable,
+    AssetKeyTable,
     DynamicPartitionsTable,
     SqlEventLogStorageTable,
 )
@@ -143,6 +147,8 @@ __all__ = [
     "SqliteEventLogStorageWatchdog",
     "DynamicPartitionsTable",
     "AssetCheckExecutionsTable",
+    "AssetKeyTable",
+    "ASSET_KEY_INDEX_COLS",
     "AssetCheckExecutionRecordStatus",
     "serialize_value",
     "DefaultPartitionsSubset",

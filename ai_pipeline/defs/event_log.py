@@ -30,12 +30,13 @@ on every event (py-spy of a run worker, ``benchmarks/README.md``): the asset-key
 this process stored per asset and partition, which the document's check evaluations name as their
 target right after it (``defs.checks``) instead of reading it back.
 
-:class:`CheckRowsUpdatedOnce` writes a check evaluation's row in ``asset_check_executions`` as
+:class:`EventsSerializedOnce` writes a check evaluation's row in ``asset_check_executions`` as
 Dagster does (``_update_asset_check_evaluation``: the planned row of its run and partition
 updated, or a row inserted when there is none) with the event's text that its event-log row got,
 instead of serializing the event a second time, and with one statement built once instead of a new
 one holding the values for every evaluation: after grouped writes, that method was three tenths
-of a run's step thread, four times per document (py-spy, ``benchmarks/README.md``).
+of a run's step thread, four times per document (py-spy, ``benchmarks/README.md``). An asset's
+row, which holds its latest materialization event and all, is made of that text too.
 
 :class:`GroupedWrites` lets a run's step write the events of the documents that finished while it
 wrote the previous ones in one transaction per database (``grouped_writes``), each event still
@@ -53,6 +54,7 @@ import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from typing import Any
 
 from dagster import DagsterEventType, DagsterInvariantViolationError
@@ -140,35 +142,97 @@ _UPDATE_CHECK_ROW = AssetCheckExecutionsTable.update().where(
         _CHECKS.partition == bindparam("row_partition"),
     )
 )
-_INSERT_CHECK_ROW = AssetCheckExecutionsTable.insert()
+INSERT_CHECK_ROW = AssetCheckExecutionsTable.insert()
 
 
-class CheckRowsUpdatedOnce:
-    """Mixin for a ``SqlEventLogStorage``: a check evaluation's row written with the text its
-    event-log row got and one statement built once (checked against dagster 1.13.27: the method it
-    overrides, ``_update_asset_check_evaluation``, has this body, serializing the event again and
-    building its update and insert from the values). Each thread remembers the last event whose
-    event-log row it made (``_event_to_row``, which both storages' ``store_event`` use), which is
-    the evaluation ``store_event`` goes on to write the row of."""
+# Events whose event-log text a thread keeps for the rows written after them (``EventsSerializedOnce``):
+# a check's row right after its evaluation, an asset's row at the end of a group, whose latest
+# materialization of each asset is among its last few events.
+REMEMBERED_TEXTS = 64
+
+
+class EventsSerializedOnce:
+    """Mixin for a ``SqlEventLogStorage``: an event's text made once, for its event-log row, and
+    used again for the rows that hold the event too. A check evaluation's row is written with it
+    and one statement built once (checked against dagster 1.13.27: the method it overrides,
+    ``_update_asset_check_evaluation``, has this body, serializing the event again and building its
+    update and insert from the values); so is a materialization's asset row, its latest
+    materialization (``_get_asset_entry_values``: Dagster serializes the record holding the event,
+    event and all). Each thread remembers the texts of the last events whose event-log rows it
+    made (``_event_to_row``, which both storages' ``store_event`` use)."""
 
     def _event_to_row(self, event: Any) -> dict[str, Any]:
         row: dict[str, Any] = super()._event_to_row(event)  # type: ignore[misc]
-        last = self.__dict__.setdefault("_last_serialized", threading.local())
-        last.event, last.text = event, row["event"]
+        local = self.__dict__.setdefault("_texts", threading.local())
+        texts: OrderedDict[int, tuple[Any, str]] | None = getattr(local, "texts", None)
+        if texts is None:
+            texts = local.texts = OrderedDict()
+        texts[id(event)] = (event, row["event"])  # the event kept: its id is not reused meanwhile
+        if len(texts) > REMEMBERED_TEXTS:
+            texts.popitem(last=False)
         return row
 
+    def _text_of(self, event: Any) -> str | None:
+        """The text this thread gave ``event``'s event-log row, if it is among the last ones."""
+        local = self.__dict__.get("_texts")
+        texts = getattr(local, "texts", None) if local is not None else None
+        known = texts.get(id(event)) if texts else None
+        return known[1] if known is not None and known[0] is event else None
+
     def _serialized(self, event: Any) -> str:
-        """The text of ``event``: the one its event-log row got, if it was this thread's last."""
-        last = self.__dict__.get("_last_serialized")
-        if last is not None and getattr(last, "event", None) is event:
-            return str(last.text)
-        return serialize_value(event)
+        """The text of ``event``: the one its event-log row got, if this thread made it lately."""
+        text = self._text_of(event)
+        return text if text is not None else serialize_value(event)
+
+    def _get_asset_entry_values(
+        self, event: Any, event_id: int, has_asset_key_index_cols: bool
+    ) -> dict[str, Any]:
+        text = self._text_of(event)
+        dagster_event = event.dagster_event
+        if text is None or dagster_event is None or not dagster_event.is_step_materialization:
+            return super()._get_asset_entry_values(  # type: ignore[misc,no-any-return]
+                event, event_id, has_asset_key_index_cols
+            )
+        # Checked against dagster 1.13.27: its values for a step's materialization, the record
+        # ``serialize_value(EventLogRecord(storage_id, event_log_entry=event))`` made of the
+        # event's text (the same bytes: tested).
+        values: dict[str, Any] = {
+            "last_materialization": (
+                f'{{"__class__": "EventLogRecord", "event_log_entry": {text}, '
+                f'"storage_id": {int(event_id)}}}'
+            ),
+            "last_run_id": event.run_id,
+        }
+        if has_asset_key_index_cols:
+            values["last_materialization_timestamp"] = datetime.fromtimestamp(
+                event.timestamp, timezone.utc
+            )
+        return values
 
     def _update_asset_check_evaluation(self, event: Any, event_id: int | None) -> None:
         evaluation = event.dagster_event.event_specific_data
         if evaluation.partition is None:  # the row of an unpartitioned check: Dagster's own way
             super()._update_asset_check_evaluation(event, event_id)  # type: ignore[misc]
             return
+        key, values = self._check_row(event, event_id)
+        with self.index_connection() as conn:  # type: ignore[attr-defined]
+            updated = conn.execute(
+                _UPDATE_CHECK_ROW,
+                {
+                    **values,
+                    **{f"row_{k}": v for k, v in key.items()},
+                    "row_partition": evaluation.partition,
+                },
+            ).rowcount
+            if updated == 0:  # no planned row (a run that did not plan this check)
+                updated = conn.execute(INSERT_CHECK_ROW, {**key, **values}).rowcount
+        if updated > 1:
+            raise too_many_check_rows(updated, evaluation)
+
+    def _check_row(self, event: Any, event_id: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The key (asset, check, run) of a partitioned check evaluation's row and the values
+        its row gets, the partition among them."""
+        evaluation = event.dagster_event.event_specific_data
         target = evaluation.target_materialization_data
         status = (
             AssetCheckExecutionRecordStatus.SUCCEEDED
@@ -188,22 +252,15 @@ class CheckRowsUpdatedOnce:
             "check_name": evaluation.check_name,
             "run_id": event.run_id,
         }
-        with self.index_connection() as conn:  # type: ignore[attr-defined]
-            updated = conn.execute(
-                _UPDATE_CHECK_ROW,
-                {
-                    **values,
-                    **{f"row_{k}": v for k, v in key.items()},
-                    "row_partition": evaluation.partition,
-                },
-            ).rowcount
-            if updated == 0:  # no planned row (a run that did not plan this check)
-                updated = conn.execute(_INSERT_CHECK_ROW, {**key, **values}).rowcount
-        if updated > 1:
-            raise DagsterInvariantViolationError(
-                f"Updated {updated} rows for asset check evaluation {evaluation.asset_check_key} "
-                "as a result of duplicate AssetCheckPlanned events."
-            )
+        return key, values
+
+
+def too_many_check_rows(updated: int, evaluation: Any) -> DagsterInvariantViolationError:
+    """Dagster's error for an evaluation that updated more than its one planned row."""
+    return DagsterInvariantViolationError(
+        f"Updated {updated} rows for asset check evaluation {evaluation.asset_check_key} "
+        "as a result of duplicate AssetCheckPlanned events."
+    )
 
 
 # Partitions whose latest materialization a process keeps in memory: a document's checks are
@@ -259,7 +316,7 @@ class WritesRemembered:
 INDEX = "index"
 
 
-class _Group:
+class Group:
     """The connections one ``grouped_writes`` holds open, each in its transaction, and the
     asset-key rows it has still to write (per asset: the latest materialization and its id)."""
 
@@ -283,7 +340,7 @@ class GroupedWrites:
     seen by its own thread at once and by everyone else when it commits; a group that raises
     leaves nothing."""
 
-    def _group(self) -> _Group | None:
+    def _group(self) -> Group | None:
         local = self.__dict__.get("_grouping")
         return getattr(local, "group", None) if local is not None else None
 
@@ -296,7 +353,7 @@ class GroupedWrites:
         if getattr(local, "group", None) is not None:
             yield  # inside a group already: its transactions take these writes too
             return
-        group = _Group()
+        group = Group()
         with self._group_lock():
             local.group = group
             try:

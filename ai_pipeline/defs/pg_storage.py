@@ -34,8 +34,11 @@ from dagster_postgres.utils import (
     get_token_provider_from_config,
     pg_url_from_config,
 )
+from sqlalchemy.dialects import postgresql
 
 from ai_pipeline.defs.dagster_private import (
+    ASSET_KEY_INDEX_COLS,
+    AssetKeyTable,
     ConfigurableClassData,
     SqlEventLogStorageTable,
     pg_config,
@@ -43,7 +46,7 @@ from ai_pipeline.defs.dagster_private import (
 from ai_pipeline.defs.event_log import (
     STEP_EVENTS,
     CheckRowsPerDocument,
-    CheckRowsUpdatedOnce,
+    EventsSerializedOnce,
     GroupedWrites,
     WritesRemembered,
 )
@@ -79,11 +82,46 @@ _INSERT_EVENT = sa.select(
 )
 
 
+# An asset's row as dagster-postgres upserts it for a step's materialization (``_store_asset_event``:
+# an insert, or on conflict the same values set), built once: it builds a new statement holding
+# the values every time.
+_ASSET_ROW_VALUES = ("last_materialization", "last_run_id", "last_materialization_timestamp")
+_INSERT_ASSET_ROW = postgresql.insert(AssetKeyTable).values(
+    {c: sa.bindparam(c, type_=AssetKeyTable.c[c].type) for c in ("asset_key", *_ASSET_ROW_VALUES)}
+)
+_UPSERT_ASSET_ROW = _INSERT_ASSET_ROW.on_conflict_do_update(
+    index_elements=[AssetKeyTable.c.asset_key],
+    set_={c: _INSERT_ASSET_ROW.excluded[c] for c in _ASSET_ROW_VALUES},
+)
+
+
+class _AssetRowsBuiltOnce:
+    """Mixin for ``PostgresEventLogStorage``: a step materialization's asset row upserted with
+    ``_UPSERT_ASSET_ROW`` (checked against dagster-postgres 0.29.27: its ``_store_asset_event``
+    upserts the values of ``_get_asset_entry_values`` so); any other event's as it does."""
+
+    def _store_asset_event(self, conn: Any, event: Any, event_id: int) -> None:
+        dagster_event = event.dagster_event
+        if dagster_event is not None and dagster_event.is_step_materialization:
+            values = self._get_asset_entry_values(  # type: ignore[attr-defined]
+                event,
+                event_id,
+                self.has_secondary_index(ASSET_KEY_INDEX_COLS),  # type: ignore[attr-defined]
+            )
+            if tuple(values) == _ASSET_ROW_VALUES and dagster_event.asset_key is not None:
+                conn.execute(
+                    _UPSERT_ASSET_ROW, {"asset_key": dagster_event.asset_key.to_string(), **values}
+                )
+                return
+        super()._store_asset_event(conn, event, event_id)  # type: ignore[misc]
+
+
 class PooledPostgresEventLogStorage(
     GroupedWrites,
     CheckRowsPerDocument,
-    CheckRowsUpdatedOnce,
+    EventsSerializedOnce,
     WritesRemembered,
+    _AssetRowsBuiltOnce,
     PostgresEventLogStorage,
 ):
     """dagster-postgres's event log, a run's planned checks written in time proportional to its

@@ -54,7 +54,7 @@ from ai_pipeline.defs.dagster_private import (
 from ai_pipeline.defs.event_log import (
     STEP_EVENTS,
     CheckRowsPerDocument,
-    CheckRowsUpdatedOnce,
+    EventsSerializedOnce,
     GroupedWrites,
     WritesRemembered,
 )
@@ -79,7 +79,7 @@ class _WatchdogOnWal(SqliteEventLogStorageWatchdog):
 class EngineReusingSqliteEventLogStorage(
     GroupedWrites,
     CheckRowsPerDocument,
-    CheckRowsUpdatedOnce,
+    EventsSerializedOnce,
     WritesRemembered,
     SqliteEventLogStorage,
 ):

@@ -97,7 +97,7 @@ def test_a_steps_events_are_dagster_postgres_rows(
 ) -> None:
     """On PostgreSQL too, the project's event log keeps the rows dagster-postgres's own storage
     writes for a step's materializations and check evaluations (a check evaluation's row written
-    with the text of its event-log row, ``CheckRowsUpdatedOnce``), planned or not."""
+    with the text of its event-log row, ``EventsSerializedOnce``), planned or not."""
     from dagster_postgres import PostgresEventLogStorage
     from dagster_postgres.event_log.event_log import CHANNEL_NAME
 

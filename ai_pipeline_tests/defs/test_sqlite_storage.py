@@ -231,7 +231,7 @@ def test_events_written_after_a_wipe_land_in_the_new_files(tmp_path: Path) -> No
 def test_a_steps_materializations_and_check_evaluations_are_dagsters_rows(tmp_path: Path) -> None:
     """The project's event log writes a step's materializations and check evaluations with one
     insert statement of its own (``store_event``), and a check evaluation's row with the text of
-    its event-log row (``CheckRowsUpdatedOnce``): the rows — in the run's database, the index, the
+    its event-log row (``EventsSerializedOnce``): the rows — in the run's database, the index, the
     asset-key table and the check table, planned or not — are those Dagster's own storage writes."""
     from ai_pipeline.defs.dagster_private import SqliteEventLogStorage
     from ai_pipeline_tests.step_events import assert_same_rows, rows_kept, step_events
