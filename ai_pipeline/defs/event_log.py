@@ -324,6 +324,8 @@ class Group:
         self.connections: dict[Any, Any] = {}
         self.assets: dict[str, tuple[Any, int]] = {}
         self.flushing = False
+        # What a storage holds back until the group ends (``_send_deferred``), its own to shape.
+        self.deferred: Any = None
 
 
 class GroupedWrites:
@@ -358,6 +360,7 @@ class GroupedWrites:
             local.group = group
             try:
                 yield
+                self._send_deferred(group)
                 if group.assets:
                     group.flushing = True
                     with self.index_connection() as conn:  # type: ignore[attr-defined]
@@ -376,6 +379,9 @@ class GroupedWrites:
                 for conn in group.connections.values():
                     with contextlib.suppress(Exception):
                         conn.close()
+
+    def _send_deferred(self, group: Group) -> None:
+        """Writes what the storage held back of ``group`` (``Group.deferred``): none here."""
 
     def _grouped(self, key: Any, connect: Callable[[], Any]) -> Any:
         """The group's connection to database ``key`` (``INDEX`` for the cross-run index, which

@@ -3,6 +3,7 @@ connections between calls, and replacing one that the server dropped."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -92,12 +93,15 @@ def test_a_connection_the_server_dropped_is_replaced(
         assert len(records) == 2
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["one by one", "grouped"])
 def test_a_steps_events_are_dagster_postgres_rows(
-    postgres_databases: PostgresDatabases, pg_skip_reason: str | None
+    postgres_databases: PostgresDatabases, pg_skip_reason: str | None, grouped: bool
 ) -> None:
     """On PostgreSQL too, the project's event log keeps the rows dagster-postgres's own storage
     writes for a step's materializations and check evaluations (a check evaluation's row written
-    with the text of its event-log row, ``EventsSerializedOnce``), planned or not."""
+    with the text of its event-log row, ``EventsSerializedOnce``), planned or not — written one
+    by one, or as a group whose step events go in one insert and their check rows in one update
+    (``PooledPostgresEventLogStorage._send_deferred``)."""
     from dagster_postgres import PostgresEventLogStorage
     from dagster_postgres.event_log.event_log import CHANNEL_NAME
 
@@ -108,7 +112,7 @@ def test_a_steps_events_are_dagster_postgres_rows(
     if pg_skip_reason:
         skip_or_fail(pg_skip_reason)
     events = step_events()
-    written, notified = {}, {}
+    written, notified, inserts = {}, {}, {}
     for name, cls in (
         ("dagster", PostgresEventLogStorage),
         ("ours", PooledPostgresEventLogStorage),
@@ -116,12 +120,21 @@ def test_a_steps_events_are_dagster_postgres_rows(
         database = postgres_databases.create(name)
         url = f"postgresql+psycopg2://{PG_USER}@{PG_HOST}:{PG_PORT}/{database}"
         storage = cls(url)
+        sent: list[str] = []
+        sa.event.listen(
+            storage._engine,  # noqa: SLF001
+            "before_cursor_execute",
+            lambda _conn, _cursor, statement, *_, sent=sent: sent.append(statement),
+        )
         listener = psycopg2.connect(url.replace("+psycopg2", ""))
         try:
             listener.autocommit = True
             listener.cursor().execute(f"LISTEN {CHANNEL_NAME}")
-            for event in events:
-                storage.store_event(event)
+            group = getattr(storage, "grouped_writes", contextlib.nullcontext)
+            with group() if grouped else contextlib.nullcontext():
+                for event in events:
+                    storage.store_event(event)
+            inserts[name] = sum("INSERT INTO event_logs" in s for s in sent)
             written[name] = rows_kept(storage)
             listener.poll()
             notified[name] = [n.payload for n in listener.notifies]
@@ -133,3 +146,5 @@ def test_a_steps_events_are_dagster_postgres_rows(
     # The notification of every event, as dagster-postgres sends it (``<run id>_<event id>``).
     assert len(notified["ours"]) == 6
     assert notified["ours"] == notified["dagster"]
+    # Grouped, the planned event's own insert and one for the five step events after it.
+    assert inserts == {"dagster": 6, "ours": 2 if grouped else 6}
