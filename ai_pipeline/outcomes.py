@@ -53,7 +53,11 @@ def start(store: Store, doc: StoredDocument, run_id: str | None) -> State:
             # From PENDING, FAILED or DEAD_LETTER through QUEUED; or RUNNING left behind by a run
             # that died.
             return store.documents.transition(
-                doc.document_id, State.RUNNING, through=State.QUEUED, run_id=run_id
+                doc.document_id,
+                State.RUNNING,
+                through=State.QUEUED,
+                run_id=run_id,
+                likely=doc.state,
             )
         except ConcurrentChange:
             fresh = store.documents.load(doc.document_id)
@@ -75,7 +79,12 @@ class Outcomes:
         """Move a document this run holds to its final state; if the reconciler moved it to FAILED
         meanwhile (this run's claim expired while the database was away), take it back first."""
         try:
-            self.store.documents.transition(document_id, target, **values)  # type: ignore[arg-type]
+            self.store.documents.transition(  # RUNNING, started by this run: moved without a read
+                document_id,
+                target,
+                likely=State.RUNNING,
+                **values,  # type: ignore[arg-type]
+            )
         except IllegalTransition:
             self.store.documents.transition(document_id, State.QUEUED)
             self.store.documents.transition(document_id, State.RUNNING, run_id=self.run_id)

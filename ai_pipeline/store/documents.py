@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 
 from ai_pipeline.documents import Document, RejectedFile
 from ai_pipeline.failures import Category
-from ai_pipeline.states import State, check_transition
+from ai_pipeline.states import IllegalTransition, State, check_transition
 from ai_pipeline.store.database import IN_CHUNK, Database
 from ai_pipeline.store.rows import DocumentRow, StoredDocument
 from ai_pipeline.store.tables import document_sources, documents
@@ -280,6 +280,7 @@ class Documents:
         expected_run_id: str | None = None,
         through: State | None = None,
         expected: State | None = None,
+        likely: State | None = None,
     ) -> State:
         """Move a document to ``target`` if the state machine allows it; returns the old state.
         With ``through``, the move passes through that state first (unless the document is in it
@@ -288,25 +289,19 @@ class Documents:
         The update is a compare-and-set on the state read (and on ``expected_run_id``, when
         given: the run that holds it), so two writers cannot both move a document out of the same
         state; the loser gets ConcurrentChange. With ``expected``, a document no longer in that
-        state (the caller read it earlier) is a ConcurrentChange too.
+        state (the caller read it earlier) is a ConcurrentChange too. With ``likely``, the state
+        the caller knows the document to be in (it holds its claim), the compare-and-set is
+        tried on that state first, without the read: when it holds, the outcome is the one the
+        read would have led to; when not, the document is read and moved as without it.
         """
 
-        def move(conn: Connection) -> State:
-            row = conn.execute(_STATE, {"document_id": document_id}).first()
-            if row is None:
-                raise KeyError(f"unknown document {document_id}")
-            current = State(row.state)
-            if expected is not None and current != expected:
-                raise ConcurrentChange(
-                    f"document {document_id} is {current.value} now, not {expected.value}"
-                )
-            if expected_run_id is not None and row.run_id != expected_run_id:
-                raise ConcurrentChange(
-                    f"document {document_id} is held by run {row.run_id}, not {expected_run_id}"
-                )
+        def allowed(current: State) -> None:
             if through is not None:
                 check_transition(document_id, current, through)
             check_transition(document_id, through or current, target)
+
+        def moved_from(conn: Connection, current: State) -> bool:
+            """The compare-and-set: whether the document was in ``current`` and is moved now."""
             values: dict[str, Any] = {"state": target.value, "updated_at": utcnow()}
             if target == State.COMPLETED:
                 values.update(category=None, last_error=None)
@@ -329,7 +324,31 @@ class Documents:
             params.update(at_document_id=document_id, at_state=current.value)
             if expected_run_id is not None:
                 params["at_run_id"] = expected_run_id
-            if not conn.execute(update, params).rowcount:
+            return bool(conn.execute(update, params).rowcount)
+
+        def move(conn: Connection) -> State:
+            if likely is not None and expected in (None, likely):
+                try:
+                    allowed(likely)
+                except IllegalTransition:
+                    pass  # read, and fail or move as the state read says
+                else:
+                    if moved_from(conn, likely):
+                        return likely
+            row = conn.execute(_STATE, {"document_id": document_id}).first()
+            if row is None:
+                raise KeyError(f"unknown document {document_id}")
+            current = State(row.state)
+            if expected is not None and current != expected:
+                raise ConcurrentChange(
+                    f"document {document_id} is {current.value} now, not {expected.value}"
+                )
+            if expected_run_id is not None and row.run_id != expected_run_id:
+                raise ConcurrentChange(
+                    f"document {document_id} is held by run {row.run_id}, not {expected_run_id}"
+                )
+            allowed(current)
+            if not moved_from(conn, current):
                 raise ConcurrentChange(f"document {document_id} changed state concurrently")
             return current
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from ai_pipeline.documents import Document, RejectedFile, load, parse_document
 from ai_pipeline.failures import Category
@@ -199,6 +201,50 @@ def test_same_state_transition_is_a_no_op_that_may_count_an_attempt(store: Store
     store.documents.transition(did, State.RUNNING, count_attempt=True)
     row = store.documents.get(did)
     assert row is not None and (row.state, row.attempts) == (State.RUNNING, 2)
+
+
+def test_a_move_from_the_likely_state_needs_no_read_and_any_other_moves_as_without_it(
+    store: Store,
+) -> None:
+    """With ``likely`` right, a move is one statement (the compare-and-set), not a read and a
+    write; with it wrong, or naming a state the move is not allowed from, the document is read and
+    moved, or refused, from the state it is really in."""
+    docs = [_doc(f"Moved from a likely state, number {i}.") for i in range(2)]
+    for d in docs:
+        store.documents.register(d)
+    one, other = (d.document_id for d in docs)
+    sent: list[str] = []
+    engines = {store.db.engine, store.db._autocommit}  # noqa: SLF001
+    for engine in engines:
+        sa.event.listen(engine, "before_cursor_execute", lambda *a: sent.append(a[2]))
+    move = store.documents.transition
+
+    def statements(call: Callable[[], object]) -> tuple[object, list[str]]:
+        sent.clear()
+        result = call()
+        return result, [s.split()[0] for s in sent if s.split()[0] in ("SELECT", "UPDATE")]
+
+    assert statements(lambda: move(one, State.QUEUED, likely=State.PENDING)) == (
+        State.PENDING,
+        ["UPDATE"],
+    )
+    # Wrong: it is QUEUED, not PENDING; read, then moved from QUEUED.
+    assert statements(
+        lambda: move(one, State.RUNNING, through=State.QUEUED, run_id="r", likely=State.PENDING)
+    ) == (State.QUEUED, ["UPDATE", "SELECT", "UPDATE"])
+    # A state the move is not allowed from: read at once, moved from the state read.
+    assert statements(
+        lambda: move(other, State.RUNNING, through=State.QUEUED, likely=State.COMPLETED)
+    ) == (State.PENDING, ["SELECT", "UPDATE"])
+    assert statements(lambda: move(one, State.COMPLETED, likely=State.RUNNING)) == (
+        State.RUNNING,
+        ["UPDATE"],
+    )
+    with pytest.raises(IllegalTransition, match="COMPLETED -> FAILED"):
+        move(one, State.FAILED, likely=State.RUNNING)
+    rows = {r.document_id: r for r in store.documents.rows([one, other])}
+    assert (rows[one].state, rows[one].run_id) == (State.COMPLETED, "r")
+    assert (rows[other].state, rows[other].run_id) == (State.RUNNING, None)
 
 
 def test_transition_of_unknown_document_is_a_key_error(store: Store) -> None:
