@@ -364,8 +364,7 @@ class GroupedWrites:
                 if group.assets:
                     group.flushing = True
                     with self.index_connection() as conn:  # type: ignore[attr-defined]
-                        for event, event_id in group.assets.values():
-                            self._store_asset_event(conn, event, event_id)
+                        self._store_asset_events(conn, list(group.assets.values()))
                 # The runs' databases before the index, as the event-by-event writes commit.
                 for key in sorted(group.connections, key=lambda k: k == INDEX):
                     group.connections[key].commit()
@@ -379,6 +378,11 @@ class GroupedWrites:
                 for conn in group.connections.values():
                     with contextlib.suppress(Exception):
                         conn.close()
+
+    def _store_asset_events(self, conn: Any, events: list[tuple[Any, int]]) -> None:
+        """The asset rows of a group's end: for each asset, its latest materialization and id."""
+        for event, event_id in events:
+            self._store_asset_event(conn, event, event_id)
 
     def _send_deferred(self, group: Group) -> None:
         """Writes what the storage held back of ``group`` (``Group.deferred``): none here."""

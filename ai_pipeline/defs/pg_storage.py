@@ -167,6 +167,20 @@ _UPSERT_ASSET_ROW = _INSERT_ASSET_ROW.on_conflict_do_update(
     index_elements=[AssetKeyTable.c.asset_key],
     set_={c: _INSERT_ASSET_ROW.excluded[c] for c in _ASSET_ROW_VALUES},
 )
+# The same for the assets of a group's end, one row each, in one statement. The timestamps are
+# bound as Dagster binds them (with their zone) and stored as its single-row insert stores them.
+_ASSET_ARRAY_TYPES = {
+    "asset_key": "TEXT",
+    "last_materialization": "TEXT",
+    "last_run_id": "TEXT",
+    "last_materialization_timestamp": "TIMESTAMPTZ",
+}
+_UPSERT_ASSET_ROWS = sa.text(
+    f"INSERT INTO {AssetKeyTable.name} ({', '.join(_ASSET_ARRAY_TYPES)}) SELECT * FROM unnest("
+    + ", ".join(f"CAST(:{c} AS {t}[])" for c, t in _ASSET_ARRAY_TYPES.items())
+    + ") ON CONFLICT (asset_key) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in _ASSET_ROW_VALUES)
+)
 
 
 class _AssetRowsBuiltOnce:
@@ -175,19 +189,25 @@ class _AssetRowsBuiltOnce:
     upserts the values of ``_get_asset_entry_values`` so); any other event's as it does."""
 
     def _store_asset_event(self, conn: Any, event: Any, event_id: int) -> None:
+        row = self._asset_row(event, event_id)
+        if row is None:
+            super()._store_asset_event(conn, event, event_id)  # type: ignore[misc]
+        else:
+            conn.execute(_UPSERT_ASSET_ROW, row)
+
+    def _asset_row(self, event: Any, event_id: int) -> dict[str, Any] | None:
+        """A step materialization's asset row, or None for Dagster's own way."""
         dagster_event = event.dagster_event
-        if dagster_event is not None and dagster_event.is_step_materialization:
-            values = self._get_asset_entry_values(  # type: ignore[attr-defined]
-                event,
-                event_id,
-                self.has_secondary_index(ASSET_KEY_INDEX_COLS),  # type: ignore[attr-defined]
-            )
-            if tuple(values) == _ASSET_ROW_VALUES and dagster_event.asset_key is not None:
-                conn.execute(
-                    _UPSERT_ASSET_ROW, {"asset_key": dagster_event.asset_key.to_string(), **values}
-                )
-                return
-        super()._store_asset_event(conn, event, event_id)  # type: ignore[misc]
+        if dagster_event is None or not dagster_event.is_step_materialization:
+            return None
+        values = self._get_asset_entry_values(  # type: ignore[attr-defined]
+            event,
+            event_id,
+            self.has_secondary_index(ASSET_KEY_INDEX_COLS),  # type: ignore[attr-defined]
+        )
+        if tuple(values) != _ASSET_ROW_VALUES or dagster_event.asset_key is None:
+            return None
+        return {"asset_key": dagster_event.asset_key.to_string(), **values}
 
 
 class PooledPostgresEventLogStorage(
@@ -228,6 +248,20 @@ class PooledPostgresEventLogStorage(
                 self._store_asset_event(conn, event, event_id)
         else:
             self.store_asset_check_event(event, event_id)
+
+    def _store_asset_events(self, conn: Any, events: list[tuple[Any, int]]) -> None:
+        """A group's asset rows (one per asset): the step materializations' in one statement."""
+        rows = []
+        for event, event_id in events:
+            row = self._asset_row(event, event_id)
+            if row is None:
+                self._store_asset_event(conn, event, event_id)
+            else:
+                rows.append(row)
+        if len(rows) == 1:
+            conn.execute(_UPSERT_ASSET_ROW, rows[0])
+        elif rows:
+            conn.execute(_UPSERT_ASSET_ROWS, {c: [r[c] for r in rows] for c in _ASSET_ARRAY_TYPES})
 
     def _defer(self, group: Group, event: Any) -> None:
         """Holds a step event of ``group`` back until the group ends (``_send_deferred``), under
@@ -302,14 +336,25 @@ class PooledPostgresEventLogStorage(
         self._send_deferred(group)
         return contextlib.nullcontext(self._group_connection())
 
+    # Connections for groups: READ COMMITTED, as Dagster's own ``index_transaction``. The storage
+    # engine's connections commit every statement by themselves (AUTOCOMMIT); without an engine of
+    # their own (``PooledPostgresStorage`` makes it), a group switches one of them over and back,
+    # which psycopg2 undoes with a statement each time it goes back to the pool.
+    _group_engine: Any = None
+
     def _group_connection(self) -> Any:
-        # The group's transaction: this engine's connections commit every statement by themselves
-        # (AUTOCOMMIT), so the group's connection reads and writes as Dagster's own
-        # ``index_transaction`` does, READ COMMITTED.
+        """The group's connection, its transaction begun (``GroupedWrites._grouped``)."""
+        if self._group_engine is not None:
+            return self._grouped(None, self._group_engine.connect)
         return self._grouped(
             None,
             lambda: self._engine.connect().execution_options(isolation_level="READ COMMITTED"),
         )
+
+    def dispose(self) -> None:
+        super().dispose()
+        if self._group_engine is not None:
+            self._group_engine.dispose()
 
 
 def _deferrable(event: Any) -> bool:
@@ -365,6 +410,15 @@ class PooledPostgresStorage(DagsterPostgresStorage):
                 pool_recycle=pool_recycle,
             )
             ping_when_idle(storage._engine)
+        groups = self._event_log_storage._group_engine = create_pg_engine(
+            postgres_url,
+            token_provider,
+            isolation_level="READ COMMITTED",
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+            pool_recycle=pool_recycle,
+        )
+        ping_when_idle(groups)
 
     @classmethod
     def config_type(cls) -> Any:

@@ -93,6 +93,52 @@ def test_a_connection_the_server_dropped_is_replaced(
         assert len(records) == 2
 
 
+def test_a_group_of_step_events_is_three_statements_on_a_pool_of_its_own(
+    deployed_instance: dg.DagsterInstance,
+) -> None:
+    """Through deploy/dagster.yaml's storage, a group of six materializations of two assets is
+    three statements — the ids taken, the events' rows, the two assets' rows — on a connection of
+    the storage's pool for groups (READ COMMITTED from the start: none switched over and back),
+    and the rows are all there after it."""
+    from ai_pipeline_tests.defs.test_grouped_writes import _materialization
+
+    with deployed_instance as instance:
+        storage = instance.event_log_storage
+        engines = {"storage": storage._engine, "groups": storage._group_engine}  # type: ignore[attr-defined]  # noqa: SLF001
+        sent: list[str] = []
+        checkouts: list[str] = []
+        for name, engine in engines.items():
+            sa.event.listen(engine, "checkout", lambda *_, name=name: checkouts.append(name))
+            sa.event.listen(
+                engine,
+                "before_cursor_execute",
+                lambda _c, _k, statement, *_: sent.append(statement),
+            )
+
+        def group(documents: tuple[str, ...]) -> None:
+            with storage.grouped_writes():  # type: ignore[attr-defined]
+                for document in documents:
+                    for asset in ("document_text", "llm_analysis"):
+                        instance.handle_new_event(_materialization(asset, document))
+
+        group(("d0",))  # the first: the storage looks at its tables once
+        sent.clear()
+        checkouts.clear()
+        group(("d1", "d2", "d3"))
+        assert checkouts == ["groups"]
+        assert [" ".join(s.split()[:2]) for s in sent] == [
+            "SELECT nextval(pg_get_serial_sequence('event_logs',",
+            "WITH inserted",
+            "INSERT INTO",
+        ]
+        assert "INSERT INTO asset_keys" in sent[2]
+        for asset in ("document_text", "llm_analysis"):
+            records = instance.fetch_materializations(dg.AssetKey(asset), limit=10).records
+            assert sorted(r.partition_key for r in records) == ["d0", "d1", "d2", "d3"]
+            latest = instance.get_asset_records([dg.AssetKey(asset)])[0].asset_entry
+            assert latest.last_materialization_record.partition_key == "d3"  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("grouped", [False, True], ids=["one by one", "grouped"])
 def test_a_steps_events_are_dagster_postgres_rows(
     postgres_databases: PostgresDatabases, pg_skip_reason: str | None, grouped: bool
