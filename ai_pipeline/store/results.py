@@ -58,6 +58,7 @@ class Results:
         assert self.table.metadata is not None
         db.create(self.table.metadata)
         self._upsert: Any = None
+        self._archiving: Any = None
         self._rows = sa.select(self.table)
 
     def upsert(self, rows: Sequence[ResultRow]) -> int:
@@ -73,6 +74,16 @@ class Results:
         ]
         results, results_history = self.table, self.history_table
         upsert = self._upsert_statement()
+        if len(values) == 1 and self.db.dialect == "postgresql":
+            # A run's own upsert (one document): the row another task replaces archived by the
+            # same statement, which sees the row as it was before its upsert; no transaction.
+            (row,) = latest.values()
+            archived = {"archive_document": row.document_id, "archive_at": now}
+            archived["archive_for"] = row.task_id
+            self.db.write_each(
+                lambda conn: conn.execute(self._archiving_upsert(), {**values[0], **archived})
+            )
+            return 1
         current = self.db.in_statement(self._rows, results.c.document_id)
         new_tasks = {d: row.task_id for d, row in latest.items()}
 
@@ -117,6 +128,29 @@ class Results:
                 index_elements=["document_id"], set_=update_columns
             )
         return self._upsert
+
+    def _archiving_upsert(self) -> Any:
+        """PostgreSQL: ``_upsert_statement`` of one row, with a data-modifying CTE before it that
+        copies the document's row into results_history when another task replaces it (bound:
+        ``archive_document``, ``archive_at``, ``archive_for`` — the new task). Built once."""
+        if self._archiving is None:
+            results, history = self.table, self.history_table
+            copied = [c.name for c in results.columns]
+            task = sa.bindparam("archive_for", type_=history.c.replaced_by_task.type)
+            replaced = sa.select(
+                *(results.c[name] for name in copied),
+                sa.bindparam("archive_at", type_=history.c.replaced_at.type),
+                task,
+            ).where(
+                results.c.document_id
+                == sa.bindparam("archive_document", type_=results.c.document_id.type),
+                results.c.task_id != task,
+            )
+            archive = history.insert().from_select(
+                [*copied, "replaced_at", "replaced_by_task"], replaced
+            )
+            self._archiving = self._upsert_statement().add_cte(archive.cte("archived"))
+        return self._archiving
 
     def history(self, document_id: str) -> list[dict[str, Any]]:
         """A document's earlier analyses, the oldest first."""

@@ -6,6 +6,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
+import sqlalchemy as sa
 
 from ai_pipeline.store import Store
 from ai_pipeline.store import results as results_module
@@ -29,6 +30,11 @@ def _result_row(document_id: str) -> ResultRow:
         prompt_tokens=120,
         completion_tokens=45,
     )
+
+
+def _utc(t: datetime) -> datetime:
+    """A stored time in UTC (SQLite gives them back without their zone)."""
+    return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
 
 
 def _with_output(row: ResultRow, **changes: object) -> ResultRow:
@@ -81,6 +87,49 @@ def test_upsert_results_twice_keeps_one_row_with_new_values(
         0.8,
     )
     assert (row.created_at, row.updated_at) == (t1, t2)
+
+
+def test_an_analysis_another_task_replaces_is_kept_as_it_was(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Upserted again under the same task, a document's row is replaced; under another task (a
+    new version or model), the row it replaces goes to results_history as it was, named with the
+    task that replaced it. On PostgreSQL a lone row's upsert is one statement outside a
+    transaction (the archive a CTE of it); on SQLite, a read, the archive and the upsert."""
+    t1 = datetime(2024, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+    times = iter([t1, t1 + timedelta(hours=1), t1 + timedelta(hours=2)])
+    monkeypatch.setattr(results_module, "utcnow", lambda: next(times))
+    sent: list[tuple[str, bool]] = []  # (statement's first word, whether it was autocommitted)
+    for engine in {store.db.engine, store.db._autocommit}:  # noqa: SLF001
+        sa.event.listen(
+            engine,
+            "before_cursor_execute",
+            lambda conn, _c, statement, *_: sent.append(
+                (statement.split()[0], conn.engine is store.db._autocommit)  # noqa: SLF001
+            ),
+        )
+    first = _result_row("d")
+    store.results.upsert([first])
+    store.results.upsert([_with_output(first, summary="the same task, again")])
+    assert store.results.history("d") == []
+    sent.clear()
+    store.results.upsert([replace(first, task_id="d-analyse-v2-sim", prompt_version="v2")])
+    if store.db.dialect == "postgresql":
+        assert sent == [("WITH", True)]  # alone, on the autocommit pool
+    else:
+        assert [kind for kind, _ in sent] == ["SELECT", "INSERT", "INSERT"]
+    (earlier,) = store.results.history("d")
+    assert (earlier["task_id"], earlier["summary"], earlier["prompt_version"]) == (
+        first.task_id,
+        "the same task, again",
+        "v1",
+    )
+    assert earlier["replaced_by_task"] == "d-analyse-v2-sim"
+    times_kept = [_utc(earlier[c]) for c in ("created_at", "updated_at", "replaced_at")]
+    assert times_kept == [t1, t1 + timedelta(hours=1), t1 + timedelta(hours=2)]
+    (row,) = store.results.get()
+    assert (row.task_id, row.prompt_version) == ("d-analyse-v2-sim", "v2")
+    assert row.output["summary"] == first.output["summary"]
 
 
 def test_upsert_of_one_document_twice_in_one_call_keeps_the_last(store: Store) -> None:
