@@ -366,6 +366,29 @@ def storage_bytes(home: Path, database_url: str) -> dict[str, int]:
         engine.dispose()
 
 
+def database_server_cpu_seconds() -> float | None:
+    """CPU seconds the local PostgreSQL server has used so far (its postmaster, the children it
+    reaped, and those still running), or None when it does not run on this machine. The
+    difference over a pass is what the pass cost the server when nothing else uses it."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, list[str]] = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            raw = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        if raw[raw.index("(") + 1 : raw.rindex(")")] == "postgres":
+            stats[int(name)] = raw[raw.rindex(")") + 2 :].split()
+    postmasters = [pid for pid, fields in stats.items() if int(fields[1]) not in stats]
+    if len(postmasters) != 1:
+        return None
+    (postmaster,) = postmasters
+    fields = stats[postmaster]
+    ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))  # its own and its reaped children's
+    ticks += sum(int(f[11]) + int(f[12]) for pid, f in stats.items() if int(f[1]) == postmaster)
+    return ticks / tick
+
+
 def one_pass(
     root: Path, name: str, n: int, args: argparse.Namespace, simulator: Any, run_size: int | None
 ) -> dict[str, Any]:
@@ -412,6 +435,7 @@ def one_pass(
     requests_before = simulator.stats()["total"]
     with dagster_daemon(env, root / name / "daemon.log"):
         daemon_serving(home, env)
+        server_before = database_server_cpu_seconds() if pg_url else None
         with ProcessWatch() as watch:
             started, started_epoch = time.perf_counter(), time.time()
             first = submit("--timeout", "36000")
@@ -419,6 +443,7 @@ def one_pass(
             # Its runs may still be writing their events (`--wait` returns at the last document
             # settled in the results database): their CPU is the batch's too.
             runs_ended(home, env)
+        server_after = database_server_cpu_seconds() if pg_url else None
         # The same documents submitted again: all completed, so no run and no LLM call.
         again_requests = simulator.stats()["total"]
         again_started = time.perf_counter()
@@ -459,6 +484,12 @@ def one_pass(
         "cpu_seconds_all_processes": round(cpu, 1),
         "cpu_seconds_per_document": round(cpu / n, 4),
         "cpu_seconds_by_process": watch.cpu_by_kind(),
+        # PostgreSQL's own, apart (a local server; None on SQLite or a remote server).
+        "database_server_cpu_seconds_per_document": (
+            round((server_after - server_before) / n, 4)
+            if server_before is not None and server_after is not None
+            else None
+        ),
         "event_log_entries_per_document": round(sum(events.values()) / n, 2),
         "event_log_entries_by_type": dict(events.most_common()),
         "runs": events.get("PIPELINE_START", 0),
