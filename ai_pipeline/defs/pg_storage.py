@@ -227,7 +227,8 @@ class PooledPostgresEventLogStorage(
         0.29.27) — with the row's values passed as parameters of a statement built once: it builds
         a new insert holding the values for every event, and SQLAlchemy derives its cache key from
         them each time (a sixth of a run worker's CPU on PostgreSQL); and with the insert and the
-        notification in one statement (``_INSERT_EVENT``)."""
+        notification in one statement (``_INSERT_EVENT``). Inside a group they wait for its end
+        (``_defer``)."""
         kind = event.dagster_event_type if event.is_dagster_event else None
         group = self._group()
         if group is not None and not group.flushing:
