@@ -73,6 +73,21 @@ def _step_bounds() -> tuple[Any, ...]:
     )
 
 
+def process_stats() -> dict[int, tuple[str, list[str]]]:
+    """Every process of this machine: its name and the fields of ``/proc/<pid>/stat`` after it
+    (``fields[1]`` the parent, ``[11]``/``[12]`` user/system ticks, ``[13]``/``[14]`` those of
+    its reaped children, ``[21]`` resident pages)."""
+    stats: dict[int, tuple[str, list[str]]] = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            raw = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+        stats[int(name)] = (comm, raw[raw.rindex(")") + 2 :].split())
+    return stats
+
+
 class ProcessWatch:
     """Samples, twice a second, every process below this one: the CPU seconds each has used (its
     last sample counts; a process that ends between two samples loses at most half a second) and
@@ -121,16 +136,8 @@ class ProcessWatch:
     def _loop(self) -> None:
         me = os.getpid()
         while not self._stop.wait(0.5):
-            parents: dict[int, int] = {}
-            stats: dict[int, list[str]] = {}
-            for name in filter(str.isdigit, os.listdir("/proc")):
-                try:
-                    raw = Path(f"/proc/{name}/stat").read_text()
-                except OSError:
-                    continue
-                fields = raw[raw.rindex(")") + 2 :].split()
-                parents[int(name)] = int(fields[1])
-                stats[int(name)] = fields
+            stats = {pid: fields for pid, (_, fields) in process_stats().items()}
+            parents = {pid: int(fields[1]) for pid, fields in stats.items()}
             for pid, fields in stats.items():
                 ancestor = parents.get(pid)
                 while ancestor and ancestor != me:
@@ -371,14 +378,7 @@ def database_server_cpu_seconds() -> float | None:
     reaped, and those still running), or None when it does not run on this machine. The
     difference over a pass is what the pass cost the server when nothing else uses it."""
     tick = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, list[str]] = {}
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            raw = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        if raw[raw.index("(") + 1 : raw.rindex(")")] == "postgres":
-            stats[int(name)] = raw[raw.rindex(")") + 2 :].split()
+    stats = {pid: fields for pid, (name, fields) in process_stats().items() if name == "postgres"}
     postmasters = [pid for pid, fields in stats.items() if int(fields[1]) not in stats]
     if len(postmasters) != 1:
         return None
