@@ -265,6 +265,18 @@ class Database:
             raise NotImplementedError(f"unsupported database dialect {self.dialect}")
         return _INSERTS[self.dialect](table)
 
+    def for_many_rows(self, statement: Any) -> Any:
+        """``statement``, an INSERT with ``ON CONFLICT``, as it should be executed with many rows.
+
+        psycopg2's ``executemany`` sends one statement per row, a round trip each. SQLAlchemy
+        folds the rows into multi-row statements of up to a thousand (its "insertmanyvalues"),
+        but from 2.1 on it no longer does for an INSERT with ``ON CONFLICT`` unless the INSERT
+        has ``RETURNING`` (sqlalchemy#13130): so on PostgreSQL it returns the row's key. On
+        SQLite ``executemany`` stays in the driver, without round trips."""
+        if self.dialect != "postgresql":
+            return statement
+        return statement.returning(*statement.table.primary_key.columns)
+
     def write(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` in a transaction (committed when it returns), again if the connection
         failed; raises StoreUnavailable when the database stays away."""

@@ -135,11 +135,14 @@ class Documents:
                 ).scalars()
             )
         new = [rows[d] for d in ids if d not in known]
-        # executemany: the driver batches the rows (sqlite3 in C; for psycopg2, SQLAlchemy's insertmanyvalues).
+        # Many rows, few statements: sqlite3's executemany in C, on PostgreSQL multi-row INSERTs.
         if new:
-            conn.execute(self.db.insert(documents).on_conflict_do_nothing(), new)
+            conn.execute(
+                self.db.for_many_rows(self.db.insert(documents).on_conflict_do_nothing()), new
+            )
         conn.execute(
-            self.db.insert(document_sources).on_conflict_do_nothing(), list(aliases.values())
+            self.db.for_many_rows(self.db.insert(document_sources).on_conflict_do_nothing()),
+            list(aliases.values()),
         )
         return {r["document_id"] for r in new}
 

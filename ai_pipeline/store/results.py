@@ -108,7 +108,7 @@ class Results:
                         for r in replaced
                     ],
                 )
-            conn.execute(upsert, values)
+            conn.execute(self.db.for_many_rows(upsert), values)
 
         self.db.write(write)
         return len(values)

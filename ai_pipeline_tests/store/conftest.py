@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from ai_pipeline.store import Store
 from ai_pipeline.store.tables import metadata
@@ -30,3 +32,19 @@ def store(db_url: str) -> Iterator[Store]:
             conn.execute(table.delete())
     yield s
     s.db.dispose()
+
+
+@pytest.fixture
+def sent(store: Store) -> Iterator[list[tuple[str, int]]]:
+    """What the store's engine has the driver send, as it happens: (the statement's first word,
+    the statements that are on the wire) — a row each for an executemany (psycopg2 sends them one
+    by one), one for a plain statement or SQLAlchemy's multi-row INSERT."""
+    statements: list[tuple[str, int]] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, params: Any, context: Any, *_: Any) -> None:
+        rows = len(params) if context.execute_style.name == "EXECUTEMANY" else 1
+        statements.append((statement.split()[0], rows))
+
+    sa.event.listen(store.db.engine, "before_cursor_execute", count)
+    yield statements
+    sa.event.remove(store.db.engine, "before_cursor_execute", count)

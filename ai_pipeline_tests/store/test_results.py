@@ -140,11 +140,16 @@ def test_upsert_of_one_document_twice_in_one_call_keeps_the_last(store: Store) -
     assert row.output["summary"] == "the last word"
 
 
-def test_upsert_results_of_several_documents(store: Store) -> None:
-    """One call can insert several documents; get filters and sorts by id."""
+def test_upsert_results_of_several_documents(store: Store, sent: list[tuple[str, int]]) -> None:
+    """One call can insert several documents, in one statement (on PostgreSQL too, where an
+    executemany would send one a row); get filters and sorts by id."""
     assert store.results.upsert([]) == 0
     rows = [_result_row("b"), _result_row("a"), _result_row("c")]
+    sent.clear()
     assert store.results.upsert(rows) == 3
+    assert [on_the_wire for verb, on_the_wire in sent if verb == "INSERT"] == [
+        1 if store.db.dialect == "postgresql" else 3
+    ]
     assert [r.document_id for r in store.results.get()] == ["a", "b", "c"]
     assert [r.document_id for r in store.results.get(["c", "a"])] == ["a", "c"]
     assert store.results.count() == 3
