@@ -140,7 +140,7 @@ def main() -> int:
     for checkout in checkouts:
         median = statistics.median(p["cpu_ms_per_document"] for p in passes[checkout])
         entry: dict[str, Any] = {
-            "commit": _commit_of(checkout),
+            "commit": commit_of(checkout),
             "cpu_ms_per_document": [round(p["cpu_ms_per_document"], 2) for p in passes[checkout]],
             "median_cpu_ms_per_document": round(median, 2),
             "ratio_to_first": round(median / first, 3),
@@ -180,7 +180,7 @@ def main() -> int:
     return 0
 
 
-def _commit_of(checkout: Path) -> str:
+def commit_of(checkout: Path) -> str:
     done = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True
     )
