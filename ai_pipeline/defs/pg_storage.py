@@ -11,7 +11,9 @@ on a kept connection, measured side by side on one instance (``benchmarks/README
 swapped for pooled ones and nothing else changed: the same tables, statements, ``AUTOCOMMIT``
 isolation and configuration (``postgres_url`` or ``postgres_db``). Each pool keeps
 ``pool_size`` connections per storage and process and opens up to ``max_overflow`` more for
-concurrent callers (the daemon's threads), closed again when returned. A kept connection is
+concurrent callers (the daemon's threads), closed again when returned. The pools are the
+process's, not the instance's: the instances a process builds one after another (a code server,
+one for every sensor tick) use the same connections, and check Dagster's tables with one query. A kept connection is
 checked before use (``ai_pipeline.store.database.ping_when_idle``: without a round trip unless it
 sat idle for a few seconds), so one that a database restart broke is replaced instead of failing
 the write; connections are recycled after ``pool_recycle`` seconds. Its event log
@@ -31,17 +33,21 @@ The rows, ids, notifications and transaction are the ones event-by-event writes 
 from __future__ import annotations
 
 import contextlib
-from collections import deque
+import os
+import threading
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 from dagster import DagsterEventType, Field, IntSource
-from dagster_postgres import DagsterPostgresStorage, PostgresEventLogStorage
+from dagster_postgres import DagsterPostgresStorage, PostgresEventLogStorage, PostgresRunStorage
 from dagster_postgres.event_log.event_log import CHANNEL_NAME
 from dagster_postgres.utils import (
     create_pg_engine,
     get_token_provider_from_config,
     pg_url_from_config,
+    retry_pg_connection_fn,
 )
 from sqlalchemy.dialects import postgresql
 
@@ -352,10 +358,23 @@ class PooledPostgresEventLogStorage(
             lambda: self._engine.connect().execution_options(isolation_level="READ COMMITTED"),
         )
 
+    # Whether its engines are the process's (``_process_engines``), kept when it is disposed.
+    _engines_kept = False
+
     def dispose(self) -> None:
-        super().dispose()
-        if self._group_engine is not None:
+        super().dispose()  # its event watcher, if it started one
+        if self._group_engine is not None and not self._engines_kept:
             self._group_engine.dispose()
+
+
+class _PooledPostgresRunStorage(PostgresRunStorage):
+    """dagster-postgres's run storage, whose engine may be the process's (``_process_engines``)."""
+
+    _engines_kept = False
+
+    def dispose(self) -> None:
+        if not self._engines_kept:
+            super().dispose()
 
 
 def _deferrable(event: Any) -> bool:
@@ -372,8 +391,101 @@ def _check_key(event: Any) -> tuple[Any, ...]:
     return (evaluation.asset_key, evaluation.check_name, event.run_id, evaluation.partition)
 
 
+@dataclass(frozen=True)
+class _Engines:
+    """The pooled engines of one database (one per storage, and one for groups of writes), and
+    what its storages found of Dagster's secondary indexes (dagster-postgres asks once a storage,
+    on a second connection while the first is held: a connection opened and closed each time)."""
+
+    runs: sa.Engine
+    events: sa.Engine
+    schedules: sa.Engine
+    groups: sa.Engine
+    secondary_indexes: dict[str, bool] = field(default_factory=dict)
+    built_indexes: dict[str, bool] = field(default_factory=dict)
+
+    def dispose(self, *, close: bool = True) -> None:
+        """Close their connections (``close=False``: forget them, for a fork's child)."""
+        for engine in (self.runs, self.events, self.schedules, self.groups):
+            engine.dispose(close=close)
+
+
+def _make_engines(
+    postgres_url: str, token_provider: Any, pool_size: int, max_overflow: int, pool_recycle: int
+) -> _Engines:
+    def engine(isolation_level: str) -> sa.Engine:
+        return ping_when_idle(
+            create_pg_engine(
+                postgres_url,
+                token_provider,
+                isolation_level=isolation_level,
+                pool_size=pool_size,
+                max_overflow=max_overflow,
+                pool_recycle=pool_recycle,
+            )
+        )
+
+    # Each storage connects through its ``_engine`` alone (checked against dagster-postgres
+    # 0.29.27: ``_connect`` → ``create_pg_connection(self._engine)``), in AUTOCOMMIT as its own.
+    return _Engines(
+        runs=engine("AUTOCOMMIT"),
+        events=engine("AUTOCOMMIT"),
+        schedules=engine("AUTOCOMMIT"),
+        groups=engine("READ COMMITTED"),
+    )
+
+
+# A process builds a new Dagster instance, so a new storage, for many things it does: a code server
+# for every tick of every sensor. Each kept the engines it made, so every tick connected anew (a
+# server process forked for each connection) and asked the catalog whether Dagster's tables
+# exist: at rest, with this package's sensors, about four new connections a second. The engines
+# are the process's instead, one set per database, the most recent few kept; a fork's child (a
+# Celery worker's pool) starts with none and leaves its parent's connections alone.
+KEPT_DATABASES = 4
+_KEPT: OrderedDict[tuple[str, int, int, int], _Engines] = OrderedDict()
+_KEPT_LOCK = threading.Lock()
+
+
+def _process_engines(
+    postgres_url: str, pool_size: int, max_overflow: int, pool_recycle: int
+) -> _Engines:
+    key = (postgres_url, pool_size, max_overflow, pool_recycle)
+    with _KEPT_LOCK:
+        engines = _KEPT.get(key)
+        if engines is None:
+            engines = _make_engines(postgres_url, None, pool_size, max_overflow, pool_recycle)
+            _KEPT[key] = engines
+            while len(_KEPT) > KEPT_DATABASES:
+                # Its connections closed; a storage that still has them connects again.
+                _KEPT.popitem(last=False)[1].dispose()
+        else:
+            _KEPT.move_to_end(key)
+        return engines
+
+
+def _forget_kept_engines() -> None:
+    global _KEPT_LOCK  # another thread of the parent may have held it at the fork
+    _KEPT_LOCK = threading.Lock()
+    for engines in _KEPT.values():
+        engines.dispose(close=False)  # the parent's connections stay the parent's
+    _KEPT.clear()
+
+
+os.register_at_fork(after_in_child=_forget_kept_engines)
+
+_DAGSTER_TABLES = ("runs", "instance_info", "event_logs")
+
+
+def _tables_missing(engine: sa.Engine) -> bool:
+    """Whether one of the tables whose absence makes dagster-postgres create its tables is missing
+    (its storages' own checks, on a kept connection instead of a new one for each)."""
+    names = set(retry_pg_connection_fn(lambda: sa.inspect(engine).get_table_names()))
+    return any(t not in names for t in _DAGSTER_TABLES) or not names & {"schedules", "jobs"}
+
+
 class PooledPostgresStorage(DagsterPostgresStorage):
-    """``DagsterPostgresStorage`` whose storages keep their connections between calls."""
+    """``DagsterPostgresStorage`` whose storages keep their connections between calls, and
+    between the instances of a process."""
 
     def __init__(
         self,
@@ -386,40 +498,40 @@ class PooledPostgresStorage(DagsterPostgresStorage):
         max_overflow: int = DEFAULT_MAX_OVERFLOW,
         pool_recycle: int = DEFAULT_POOL_RECYCLE_SECONDS,
     ):
+        kept = token_provider is None  # a token provider's engines are the storage's own
+        engines = (
+            _process_engines(postgres_url, pool_size, max_overflow, pool_recycle)
+            if kept
+            else _make_engines(postgres_url, token_provider, pool_size, max_overflow, pool_recycle)
+        )
         super().__init__(
             postgres_url,
-            should_autocreate_tables,
+            should_autocreate_tables and _tables_missing(engines.runs),
             inst_data=inst_data,
             token_provider=token_provider,
         )
-        # Its tables exist now (made above when due): the event log with the project's changes.
+        self.should_autocreate_tables = should_autocreate_tables
+        # Its tables exist now (made above when due): the run storage and the event log with the
+        # project's changes, on the engines above.
         self._event_log_storage.dispose()
+        self._run_storage.dispose()
         self._event_log_storage = PooledPostgresEventLogStorage(
             postgres_url, should_autocreate_tables=False, token_provider=token_provider
         )
-        for storage in (self._run_storage, self._event_log_storage, self._schedule_storage):
-            # Checked against dagster-postgres 0.29.27: each storage connects through its
-            # ``_engine`` alone (``_connect`` → ``create_pg_connection(self._engine)``), which its
-            # own ``optimize_for_webserver`` replaces the same way.
-            storage._engine.dispose()
-            storage._engine = create_pg_engine(
-                postgres_url,
-                token_provider,
-                isolation_level="AUTOCOMMIT",
-                pool_size=pool_size,
-                max_overflow=max_overflow,
-                pool_recycle=pool_recycle,
-            )
-            ping_when_idle(storage._engine)
-        groups = self._event_log_storage._group_engine = create_pg_engine(
-            postgres_url,
-            token_provider,
-            isolation_level="READ COMMITTED",
-            pool_size=pool_size,
-            max_overflow=max_overflow,
-            pool_recycle=pool_recycle,
+        self._run_storage = _PooledPostgresRunStorage(
+            postgres_url, should_autocreate_tables=False, token_provider=token_provider
         )
-        ping_when_idle(groups)
+        for storage, engine in (
+            (self._run_storage, engines.runs),
+            (self._event_log_storage, engines.events),
+            (self._schedule_storage, engines.schedules),
+        ):
+            storage._engine.dispose()  # dagster-postgres's, never connected
+            storage._engine = engine
+        self._event_log_storage._group_engine = engines.groups
+        self._event_log_storage._secondary_index_cache = engines.secondary_indexes
+        self._run_storage._index_migration_cache = engines.built_indexes
+        self._run_storage._engines_kept = self._event_log_storage._engines_kept = kept
 
     @classmethod
     def config_type(cls) -> Any:

@@ -66,6 +66,45 @@ def test_the_deployed_instance_keeps_its_connections(deployed_instance: dg.Dagst
         assert len(opened) <= 2  # a call may hold two at once; dagster-postgres: one per call
 
 
+def test_the_instances_of_a_process_share_its_connections(
+    deployed_instance: dg.DagsterInstance,
+) -> None:
+    """A process builds a Dagster instance for many things (a code server: one for every sensor
+    tick). After the first, another instance of the same database opens no connection: its
+    storages use the ones the first kept, still open after it was disposed; it asks whether
+    Dagster's tables exist with one query."""
+    opened: list[int] = []
+    sent: list[str] = []
+
+    def connected(*_: object) -> None:
+        opened.append(1)
+
+    def executed(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        sent.append(statement)
+
+    runs_engine = deployed_instance.run_storage._engine  # type: ignore[attr-defined]  # noqa: SLF001
+    sa.event.listen(sa.pool.Pool, "connect", connected)
+    sa.event.listen(runs_engine, "before_cursor_execute", executed)
+    try:
+        with deployed_instance as instance:
+            instance.report_runless_asset_event(dg.AssetMaterialization("probe"))
+            assert instance.get_runs_count() == 0
+        first = len(opened)
+        assert first >= 2  # its event log's and its run storage's
+        sent.clear()
+        for i in range(5):
+            with dg.DagsterInstance.from_config(deployed_instance.root_directory) as again:
+                again.report_runless_asset_event(dg.AssetMaterialization("probe"))
+                assert again.get_runs_count() == 0
+                assert len(again.fetch_materializations(dg.AssetKey("probe"), 10).records) == i + 2
+        assert len(opened) == first
+        catalog = [s for s in sent if "pg_catalog.pg_class" in s]
+        assert len(catalog) == 5
+    finally:
+        sa.event.remove(sa.pool.Pool, "connect", connected)
+        sa.event.remove(runs_engine, "before_cursor_execute", executed)
+
+
 def test_a_connection_the_server_dropped_is_replaced(
     deployed_instance: dg.DagsterInstance, postgres_databases: PostgresDatabases
 ) -> None:
