@@ -389,6 +389,24 @@ def database_server_cpu_seconds() -> float | None:
     return ticks / tick
 
 
+def database_sessions(database_url: str) -> int:
+    """How many sessions the server has opened for this database so far (this one among them)."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(database_url.replace("postgresql://", "postgresql+psycopg2://", 1))
+    try:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.text(
+                        "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
+                    )
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
 def one_pass(
     root: Path, name: str, n: int, args: argparse.Namespace, simulator: Any, run_size: int | None
 ) -> dict[str, Any]:
@@ -436,6 +454,7 @@ def one_pass(
     with dagster_daemon(env, root / name / "daemon.log"):
         daemon_serving(home, env)
         server_before = database_server_cpu_seconds() if pg_url else None
+        sessions_before = database_sessions(pg_url) if pg_url else None
         with ProcessWatch() as watch:
             started, started_epoch = time.perf_counter(), time.time()
             first = submit("--timeout", "36000")
@@ -444,6 +463,9 @@ def one_pass(
             # settled in the results database): their CPU is the batch's too.
             runs_ended(home, env)
         server_after = database_server_cpu_seconds() if pg_url else None
+        sessions = (
+            database_sessions(pg_url) - 1 - sessions_before if sessions_before is not None else None
+        )
         # The same documents submitted again: all completed, so no run and no LLM call.
         again_requests = simulator.stats()["total"]
         again_started = time.perf_counter()
@@ -490,6 +512,8 @@ def one_pass(
             if server_before is not None and server_after is not None
             else None
         ),
+        # The connections the pass's processes opened to PostgreSQL (each a server process).
+        "database_sessions_opened": sessions,
         "event_log_entries_per_document": round(sum(events.values()) / n, 2),
         "event_log_entries_by_type": dict(events.most_common()),
         "runs": events.get("PIPELINE_START", 0),
