@@ -278,10 +278,15 @@ def with_planned_runs(
         for run in plan_runs(document_ids, keys, run_size)
     ]
     data = backfill.asset_backfill_data
+    # The daemon counts the materializations stored after this cursor as the backfill's progress,
+    # and none at all while it is None; a backfill whose roots are requested gets it only at the
+    # end of the daemon's next loop. On an empty event log (the first batch of an instance) it
+    # would be None, and runs that all ended before that loop would leave every document without
+    # a status: the daemon marks them failed and the backfill COMPLETED_FAILED. 0 counts them all.
     data = (
         data.replace_requested_subset(data.target_subset)
         .with_requested_runs_for_target_roots(True)
-        .with_latest_storage_id(instance.event_log_storage.get_maximum_record_id())
+        .with_latest_storage_id(instance.event_log_storage.get_maximum_record_id() or 0)
     )
     return backfill.with_asset_backfill_data(
         data, dynamic_partitions_store=instance, asset_graph=asset_graph

@@ -941,6 +941,33 @@ def test_a_launched_backfill_takes_its_run_size_from_max_concurrent_runs(
     assert planned("override") == [25, 15]
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # Dagster's cursor, not storage
+def test_a_planned_backfill_counts_the_materializations_from_the_first_event_on(
+    instance: dg.DagsterInstance,
+) -> None:
+    """A planned backfill's cursor (after which the daemon counts materializations as its
+    progress) is the event log's last id, and 0 on an empty one: with none, the daemon counts no
+    materialization, and the first batch of an instance, its runs over before the daemon's next
+    loop, ended COMPLETED_FAILED with every document done."""
+    from ai_pipeline.definitions import defs
+
+    ids = [f"{i:016x}" for i in range(3)]
+    add_partitions(instance, ids)
+    graph = repository_of(defs, instance).asset_graph
+
+    def cursor() -> int | None:
+        backfill = instance.get_backfill(launch_backfill(instance, graph, ids, title="first"))
+        assert backfill is not None and backfill.asset_backfill_data is not None
+        return backfill.asset_backfill_data.latest_storage_id
+
+    assert instance.event_log_storage.get_maximum_record_id() is None
+    assert cursor() == 0
+    instance.report_runless_asset_event(dg.AssetMaterialization("elsewhere"))
+    last = instance.event_log_storage.get_maximum_record_id()
+    assert last is not None and last > 0
+    assert cursor() == last
+
+
 def covered_by(request: dg.RunRequest, keys: list[str]) -> list[str]:
     """The documents of a planned run: those its config names, else its whole range of ``keys``."""
     named = named_in(request.run_config)
