@@ -24,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,30 +80,50 @@ print(json.dumps({
 """
 
 
-def one_pass(checkout: Path, base_url: str, args: argparse.Namespace, count: bool) -> dict:
+def run_pass(checkout: Path, code: str, *argv: str) -> dict[str, Any]:
+    """Run ``code`` with ``argv`` as ``python -c`` in a checkout's directory, the checkout first on
+    its ``PYTHONPATH`` and no ``AI_PIPELINE_`` setting of this process; the JSON object its last
+    line prints."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AI_PIPELINE_")}
     env["PYTHONPATH"] = os.pathsep.join([str(checkout), env.get("PYTHONPATH", "")]).rstrip(
         os.pathsep
     )
     done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _PASS,
-            str(checkout / "benchmarks"),  # its claims.py puts the checkout first on the path
-            base_url,
-            str(args.documents),
-            str(args.concurrency),
-            "1" if count else "0",
-        ],
-        cwd=checkout,
-        env=env,
-        capture_output=True,
-        text=True,
+        [sys.executable, "-c", code, *argv], cwd=checkout, env=env, capture_output=True, text=True
     )
     if done.returncode != 0:
         raise SystemExit(f"FAILED: a pass of {checkout}: {done.stderr[-3000:]}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def in_turns(
+    checkouts: list[Path],
+    rounds: int,
+    one_pass: Callable[[Path], dict[str, Any]],
+    describe: Callable[[dict[str, Any]], str] | None,
+) -> dict[Path, list[dict[str, Any]]]:
+    """Each checkout's passes, the checkouts taking turns ``rounds`` times, so that the machine's
+    changes of load weigh on all alike; with ``describe``, a line on each pass as it ends."""
+    passes: dict[Path, list[dict[str, Any]]] = {c: [] for c in checkouts}
+    for round_ in range(rounds):
+        for checkout in checkouts:
+            figures = one_pass(checkout)
+            passes[checkout].append(figures)
+            if describe is not None:
+                print(f"round {round_ + 1} {checkout}: {describe(figures)}", flush=True)
+    return passes
+
+
+def one_pass(checkout: Path, base_url: str, args: argparse.Namespace, count: bool) -> dict:
+    return run_pass(
+        checkout,
+        _PASS,
+        str(checkout / "benchmarks"),  # its claims.py puts the checkout first on the path
+        base_url,
+        str(args.documents),
+        str(args.concurrency),
+        "1" if count else "0",
+    )
 
 
 def main() -> int:
@@ -121,20 +142,17 @@ def main() -> int:
     from ai_pipeline.rehearsal.simulator import SimulatorServer
 
     report: dict[str, Any] = {**report_header(), "checkouts": {}}
-    passes: dict[Path, list[dict]] = {c: [] for c in checkouts}
     config = SimulatorConfig(latency_ms=args.latency_ms, max_concurrency=4 * args.concurrency)
     problems = []
     with SimulatorServer(config) as simulator:
-        for round_ in range(args.rounds):
-            for checkout in checkouts:
-                figures = one_pass(checkout, simulator.base_url, args, count=False)
-                passes[checkout].append(figures)
-                if not args.json:
-                    print(
-                        f"round {round_ + 1} {checkout}: "
-                        f"{figures['cpu_ms_per_document']:.2f} ms of CPU per document",
-                        flush=True,
-                    )
+        passes = in_turns(
+            checkouts,
+            args.rounds,
+            lambda checkout: one_pass(checkout, simulator.base_url, args, count=False),
+            None
+            if args.json
+            else lambda f: f"{f['cpu_ms_per_document']:.2f} ms of CPU per document",
+        )
         counted = {c: one_pass(c, simulator.base_url, args, True) for c in checkouts if args.count}
     first = statistics.median(p["cpu_ms_per_document"] for p in passes[checkouts[0]])
     for checkout in checkouts:

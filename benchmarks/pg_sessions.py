@@ -19,14 +19,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_cpu import commit_of  # noqa: E402
+from engine_cpu import commit_of, in_turns, run_pass  # noqa: E402
 from throughput import REPO, report_header  # noqa: E402
 
 # One pass, run as ``python -c`` in the checkout's environment; prints its figures as JSON.
@@ -69,8 +68,8 @@ try:
             before, began = sessions(), time.monotonic()
             time.sleep(seconds)
             after, ended = sessions(), time.monotonic()
-    # The count's own session is one of them.
-    opened = after - before - 1
+    # The count's own session was opened before the first count and kept for the second.
+    opened = after - before
     print(json.dumps({
         "seconds": round(ended - began, 1),
         "sessions": opened,
@@ -84,20 +83,7 @@ finally:
 
 
 def one_pass(checkout: Path, args: argparse.Namespace) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AI_PIPELINE_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(checkout), env.get("PYTHONPATH", "")]).rstrip(
-        os.pathsep
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", _PASS, str(checkout / "benchmarks"), str(args.seconds)],
-        cwd=checkout,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"FAILED: a pass of {checkout}: {done.stderr[-3000:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    return run_pass(checkout, _PASS, str(checkout / "benchmarks"), str(args.seconds))
 
 
 def main() -> int:
@@ -110,17 +96,12 @@ def main() -> int:
     checkouts = [c.resolve() for c in args.checkouts] or [REPO]
 
     report: dict[str, Any] = {**report_header(), "checkouts": {}}
-    passes: dict[Path, list[dict[str, Any]]] = {c: [] for c in checkouts}
-    for round_ in range(args.rounds):
-        for checkout in checkouts:
-            figures = one_pass(checkout, args)
-            passes[checkout].append(figures)
-            if not args.json:
-                print(
-                    f"round {round_ + 1} {checkout}: {figures['sessions']} sessions "
-                    f"in {figures['seconds']} s",
-                    flush=True,
-                )
+    passes = in_turns(
+        checkouts,
+        args.rounds,
+        lambda checkout: one_pass(checkout, args),
+        None if args.json else lambda f: f"{f['sessions']} sessions in {f['seconds']} s",
+    )
     for checkout in checkouts:
         rates = [p["sessions_per_minute"] for p in passes[checkout]]
         report["checkouts"][str(checkout)] = {

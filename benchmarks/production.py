@@ -155,12 +155,15 @@ class ProcessWatch:
                     continue
 
 
-def pg_database() -> tuple[str, Any]:
+def pg_database(admin_url: str = PG_ADMIN) -> tuple[str, Any]:
+    """A new database on the server of ``admin_url`` (a database there to connect to): its URL,
+    and what drops it."""
     import sqlalchemy as sa
 
     name = f"aip_bench_{uuid.uuid4().hex[:8]}"
     admin = sa.create_engine(
-        PG_ADMIN.replace("postgresql://", "postgresql+psycopg2://"), isolation_level="AUTOCOMMIT"
+        admin_url.replace("postgresql://", "postgresql+psycopg2://", 1),
+        isolation_level="AUTOCOMMIT",
     )
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
@@ -170,7 +173,7 @@ def pg_database() -> tuple[str, Any]:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
 
-    return PG_ADMIN.rsplit("/", 1)[0] + f"/{name}", drop
+    return admin_url.rsplit("/", 1)[0] + f"/{name}", drop
 
 
 def what_dagster_recorded(

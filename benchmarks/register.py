@@ -28,7 +28,6 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,10 +42,9 @@ import sqlalchemy.engine.url as sa_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_cpu import commit_of  # noqa: E402
+from engine_cpu import commit_of, in_turns, run_pass  # noqa: E402
+from production import PG_ADMIN, pg_database  # noqa: E402
 from throughput import REPO, make_inbox, report_header  # noqa: E402
-
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 # One pass, run as ``python -c`` in the checkout's environment; prints its figures as JSON.
 _PASS = r"""
@@ -90,22 +88,7 @@ def _fresh_database(args: argparse.Namespace, tmp: Path) -> tuple[str, Any]:
     if args.backend == "sqlite":
         path = tmp / f"{uuid.uuid4().hex[:8]}.sqlite"
         return f"sqlite:///{path}", lambda: path.unlink(missing_ok=True)
-    import sqlalchemy as sa
-
-    name = f"aip_register_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(
-        args.pg_admin_url.replace("postgresql://", "postgresql+psycopg2://", 1),
-        isolation_level="AUTOCOMMIT",
-    )
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-
-    def drop() -> None:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return args.pg_admin_url.rsplit("/", 1)[0] + f"/{name}", drop
+    return pg_database(args.pg_admin_url)
 
 
 @contextmanager
@@ -174,24 +157,11 @@ def measured_rtt_ms(url: str) -> float:
 
 
 def one_pass(checkout: Path, inbox: Path, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AI_PIPELINE_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(checkout), env.get("PYTHONPATH", "")]).rstrip(
-        os.pathsep
-    )
     url, drop = _fresh_database(args, tmp)
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", _PASS, url, str(inbox)],
-            cwd=checkout,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
+        return run_pass(checkout, _PASS, url, str(inbox))
     finally:
         drop()
-    if done.returncode != 0:
-        raise SystemExit(f"FAILED: a pass of {checkout}: {done.stderr[-3000:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def main() -> int:
@@ -218,7 +188,6 @@ def main() -> int:
         parser.error("--rtt-ms needs --backend postgres")
 
     report: dict[str, Any] = {**report_header(), "backend": args.backend, "checkouts": {}}
-    passes: dict[Path, list[dict[str, Any]]] = {c: [] for c in checkouts}
     with contextlib.ExitStack() as stack:
         if args.rtt_ms:
             server = sa_url.make_url(args.pg_admin_url)
@@ -233,16 +202,16 @@ def main() -> int:
         folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="aip-register-"))
         tmp = Path(folder)
         inbox = make_inbox(tmp / "inbox", range(args.documents))
-        for round_ in range(args.rounds):
-            for checkout in checkouts:
-                figures = one_pass(checkout, inbox, args, tmp)
-                passes[checkout].append(figures)
-                if not args.json:
-                    print(
-                        f"round {round_ + 1} {checkout}: new {figures['new']['wall_seconds']:.2f} s,"
-                        f" known {figures['known']['wall_seconds']:.2f} s",
-                        flush=True,
-                    )
+        passes = in_turns(
+            checkouts,
+            args.rounds,
+            lambda checkout: one_pass(checkout, inbox, args, tmp),
+            None
+            if args.json
+            else lambda f: (
+                f"new {f['new']['wall_seconds']:.2f} s, known {f['known']['wall_seconds']:.2f} s"
+            ),
+        )
     problems = []
     for checkout in checkouts:
         entry: dict[str, Any] = {"commit": commit_of(checkout)}
