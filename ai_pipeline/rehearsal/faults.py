@@ -423,3 +423,9 @@ class SimulatorState:
         """Wake every hanging request; must run on the server's event loop."""
         _, release = self._loop_objects()
         release.set()
+
+    def release_hangs_from(self) -> None:
+        """``release_hangs`` from another thread than the server's: the requests a "timeout"
+        fault holds are answered at once, as usual (and later ones are not held)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.release_hangs)

@@ -331,6 +331,10 @@ class SimulatorServer(BackgroundServer):
     def set_faults(self, faults: Iterable[FaultRule | dict[str, Any]]) -> None:
         self.state.set_faults(faults)
 
+    def release_hangs(self) -> None:
+        """Answer the requests a "timeout" fault holds now, before its ``hang_seconds``."""
+        self.state.release_hangs_from()
+
     def set_api_keys(self, keys: Iterable[str] | None) -> None:
         self.state.set_api_keys(keys)
 

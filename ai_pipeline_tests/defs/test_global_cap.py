@@ -3,12 +3,14 @@ separate processes, counted where the calls arrive: at the simulator."""
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from ai_pipeline.defs.resources import LLMResource
+from ai_pipeline.states import State
 from ai_pipeline_tests.defs.test_one_owner import corpus, finish, start_cli
 from ai_pipeline_tests.support import own_simulator, results_store, task_of
 
@@ -45,7 +47,21 @@ def test_two_processes_never_have_more_calls_in_flight_than_the_cap(
             corpus(tmp_path / "a", DOCUMENTS, 60_000),
             corpus(tmp_path / "b", DOCUMENTS, 61_000),
         )
+        # The first CAP requests, whichever run sends them, are held (and then answered as
+        # usual) until both runs have documents under way: from then on both wait for the same
+        # slots, however much later the second process started (on a loaded machine the first
+        # had done all its documents before the second called once).
+        llm.set_faults([{"kind": "timeout", "times": CAP}])
         runs = [start_cli("run", "--inbox", str(inbox), "--json") for inbox in (inbox_a, inbox_b)]
+        store = results_store()
+        deadline = time.monotonic() + 120
+        while not all(
+            store.documents.count_by_state(ids).get(State.RUNNING) for ids in (ids_a, ids_b)
+        ):
+            assert all(run.poll() is None for run in runs), "a run ended before both began"
+            assert time.monotonic() < deadline, "the two runs did not both begin in 120 s"
+            time.sleep(0.1)
+        llm.release_hangs()
         outcomes = [finish(run) for run in runs]
         stats = llm.stats()
 

@@ -239,6 +239,27 @@ def test_timeout_fault_makes_the_client_time_out(server: SimulatorServer) -> Non
     assert server.requests_for("h1") == 1
 
 
+def test_a_held_request_is_answered_as_usual_once_released() -> None:
+    """A "timeout" fault holds a request; ``release_hangs`` from the test's thread has it answered
+    at once, normally, long before the hang would end (a server of its own: later timeouts on
+    it are not held)."""
+    with SimulatorServer(SimulatorConfig(hang_seconds=30)) as own:
+        own.set_faults([{"kind": "timeout", "times": 1}])
+        answered: list[ChatCompletion] = []
+        asking = threading.Thread(target=lambda: answered.append(ask(client_for(own), COMPLAINT)))
+        started = time.monotonic()
+        asking.start()
+        while own.stats()["total"] < 1:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert not answered  # held
+        own.release_hangs()
+        asking.join(timeout=10)
+        assert time.monotonic() - started < 5
+        assert content_of(answered[0])["sentiment"] == "negative"
+        assert own.stats()["by_status"] == {"200": 1}
+
+
 def test_truncate_fault_cuts_content_with_finish_reason_length(server: SimulatorServer) -> None:
     """A truncated answer is the first half of the real JSON, with finish_reason "length"."""
     client = client_for(server)
