@@ -24,7 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +114,31 @@ def in_turns(
     return passes
 
 
+def finish_report(
+    report: dict[str, Any],
+    problems: list[str],
+    as_json: bool,
+    describe: Callable[[dict[str, Any]], str],
+    preface: Sequence[str] = (),
+) -> int:
+    """Print a side-by-side report (``report["checkouts"]``: each checkout's entry) as JSON, or as
+    ``preface`` then a line per checkout (its path, commit and ``describe(entry)``), with the
+    load at the end and the problems; the exit status: 1 when there are problems."""
+    report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    report["problems"] = problems
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        for line in preface:
+            print(line)
+        for checkout, entry in report["checkouts"].items():
+            print(f"{checkout} ({entry['commit']}): {describe(entry)}")
+    if problems:
+        print("FAILED: " + "; ".join(problems), file=sys.stderr)
+        return 1
+    return 0
+
+
 def one_pass(checkout: Path, base_url: str, args: argparse.Namespace, count: bool) -> dict:
     return run_pass(
         checkout,
@@ -176,26 +201,21 @@ def main() -> int:
             for p in passes[checkout]
         ):
             problems.append(f"{checkout}: not every document got its result row")
-    report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    report["problems"] = problems
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        for checkout, entry in report["checkouts"].items():
-            print(
-                f"{checkout} ({entry['commit']}): median {entry['median_cpu_ms_per_document']} ms "
-                f"per document, {entry['ratio_to_first']}× the first"
-                + (
-                    f"; {entry['statements_per_document']} statements, "
-                    f"{entry['commits_per_document']} commits per document"
-                    if "statements_per_document" in entry
-                    else ""
-                )
+    return finish_report(
+        report,
+        problems,
+        args.json,
+        lambda entry: (
+            f"median {entry['median_cpu_ms_per_document']} ms per document, "
+            f"{entry['ratio_to_first']}× the first"
+            + (
+                f"; {entry['statements_per_document']} statements, "
+                f"{entry['commits_per_document']} commits per document"
+                if "statements_per_document" in entry
+                else ""
             )
-    if problems:
-        print("FAILED: " + "; ".join(problems), file=sys.stderr)
-        return 1
-    return 0
+        ),
+    )
 
 
 def commit_of(checkout: Path) -> str:

@@ -16,8 +16,6 @@ With no CHECKOUT it measures this one. A checkout is a directory holding ``ai_pi
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -25,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_cpu import commit_of, in_turns, run_pass  # noqa: E402
+from engine_cpu import commit_of, finish_report, in_turns, run_pass  # noqa: E402
 from throughput import REPO, report_header  # noqa: E402
 
 # One pass, run as ``python -c`` in the checkout's environment; prints its figures as JSON.
@@ -109,16 +107,12 @@ def main() -> int:
             "sessions_per_minute": rates,
             "median_sessions_per_minute": statistics.median(rates),
         }
-    report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        for checkout, entry in report["checkouts"].items():
-            print(
-                f"{checkout} ({entry['commit']}): median {entry['median_sessions_per_minute']} "
-                "new sessions a minute at rest"
-            )
-    return 0
+    return finish_report(
+        report,
+        [],
+        args.json,
+        lambda entry: f"median {entry['median_sessions_per_minute']} new sessions a minute at rest",
+    )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import os
 import statistics
 import sys
 import tempfile
@@ -42,7 +40,7 @@ import sqlalchemy.engine.url as sa_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_cpu import commit_of, in_turns, run_pass  # noqa: E402
+from engine_cpu import commit_of, finish_report, in_turns, run_pass  # noqa: E402
 from production import PG_ADMIN, pg_database  # noqa: E402
 from throughput import REPO, make_inbox, report_header  # noqa: E402
 
@@ -137,7 +135,15 @@ def delaying_proxy(host: str, port: int, rtt_seconds: float) -> Iterator[int]:
     thread.start()
     ready.wait()
     yield bound[0]
-    loop.call_soon_threadsafe(loop.stop)
+
+    async def stop() -> None:
+        pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        loop.stop()
+
+    asyncio.run_coroutine_threadsafe(stop(), loop)
     thread.join()
 
 
@@ -231,27 +237,19 @@ def main() -> int:
                 args.documents,
             ):
                 problems.append(f"{checkout}: a pass did not register every file once")
-    report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    report["problems"] = problems
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        if "round_trip_ms" in report:
-            print(f"a round trip to the server: {report['round_trip_ms']} ms")
-        for checkout, entry in report["checkouts"].items():
-            print(
-                f"{checkout} ({entry['commit']}): "
-                + "; ".join(
-                    f"{name}: median {entry[name]['median_wall_seconds']} s wall, "
-                    f"{entry[name]['median_cpu_seconds']} s CPU, "
-                    f"{entry[name]['statements_per_file']} statements per file"
-                    for name in ("new", "known")
-                )
-            )
-    if problems:
-        print("FAILED: " + "; ".join(problems), file=sys.stderr)
-        return 1
-    return 0
+    rtt = report.get("round_trip_ms")
+    return finish_report(
+        report,
+        problems,
+        args.json,
+        lambda entry: "; ".join(
+            f"{name}: median {entry[name]['median_wall_seconds']} s wall, "
+            f"{entry[name]['median_cpu_seconds']} s CPU, "
+            f"{entry[name]['statements_per_file']} statements per file"
+            for name in ("new", "known")
+        ),
+        preface=[] if rtt is None else [f"a round trip to the server: {rtt} ms"],
+    )
 
 
 if __name__ == "__main__":
