@@ -97,11 +97,10 @@ class Analyser:
         self.store = store
         # What is asked and checked: the analysis whose results this store holds.
         self.analysis = store.analysis
-        self.llm = llm
+        self.calls = AnalysisCalls(store, llm, min_confidence, section_chars)
         self.results = results
         self.log: Log = log or logging.getLogger("ai_pipeline")
         self.run_id = run_id
-        self.calls = AnalysisCalls(store, llm, min_confidence, section_chars)
         self.notifier = notifier
         self.retry_budget = retry_budget
         self.outcomes = Outcomes(store, run_id=run_id, retry_budget=retry_budget)
@@ -109,6 +108,11 @@ class Analyser:
             store, owner_id(run_id), lease_seconds=lease_seconds, wait_seconds=claim_wait_seconds
         )
         llm.report_failures_to(self._record_attempt)
+
+    @property
+    def llm(self) -> LLMClient:
+        """The one client of this analyser: its calls go through it, and stopping stops it."""
+        return self.calls.llm
 
     def task_for(self, document_id: str) -> str:
         return task_id(document_id, ANALYSE_STEP, self.analysis.tag(), self.llm.model)

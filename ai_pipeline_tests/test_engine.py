@@ -59,13 +59,14 @@ def analyser(
     log: RecordingLog | None = None,
     results: object | None = None,
     retry_budget: int = 3,
+    max_concurrency: int = 4,
 ) -> Analyser:
     fake = FakeTime()
     client = LLMClient(
         base_url=simulator.base_url,
         api_key=TEST_API_KEY,
         model=TEST_MODEL,
-        max_concurrency=4,
+        max_concurrency=max_concurrency,
         sleep=fake.sleep,
         clock=fake.clock,
     )
@@ -256,10 +257,8 @@ def test_closing_the_batch_early_cancels_the_rest(store: Store) -> None:
     engine's to promise."""
     ids = register(store, [sample_text(30 + i) for i in range(16)])
     with SimulatorServer(SimulatorConfig(latency_ms=200)) as slow:
-        a = analyser(store, slow)
-        a.llm = LLMClient(
-            base_url=slow.base_url, api_key=TEST_API_KEY, model=TEST_MODEL, max_concurrency=1
-        )
+        # One client for the calls and for the stop: the analyser's own.
+        a = analyser(store, slow, max_concurrency=1)
         batch = run_batch(a, ids)
         first, _ = next(batch)
         batch.close()
