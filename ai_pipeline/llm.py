@@ -190,6 +190,7 @@ class LLMClient:
         self._answered = False  # whether any call of the run got an HTTP reply, even an error
         self.base_url = base_url
         import openai
+        from openai.types.chat import ChatCompletion
 
         self._client = openai.AsyncOpenAI(
             base_url=base_url,
@@ -197,6 +198,7 @@ class LLMClient:
             max_retries=0,
             timeout=timeout_seconds,
         )
+        self._completion = ChatCompletion
 
     @property
     def circuit_open(self) -> bool:
@@ -410,8 +412,19 @@ class LLMClient:
             self._in_flight[task_id] += 1
             started = time.monotonic()
             try:
-                completion = await self._client.chat.completions.create(  # type: ignore[call-overload]
-                    **body, extra_headers={"Idempotency-Key": task_id}
+                # The SDK's own POST, as ``chat.completions.create`` makes it, without the walk
+                # that method takes over the body to drop unset arguments and rename fields:
+                # ``body`` is JSON already, and the walk cost about 0.5 ms of CPU per request,
+                # 30 times encoding it (``benchmarks/README.md``). Authenticated as ``create``
+                # does: by the API key.
+                completion = await self._client.post(
+                    "/chat/completions",
+                    body=body,
+                    cast_to=self._completion,
+                    options={
+                        "headers": {"Idempotency-Key": task_id},
+                        "security": {"bearer_auth": True},
+                    },
                 )
             except BaseException as e:  # a cancelled call releases its reservation too
                 self._landed(task_id)
