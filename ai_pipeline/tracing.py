@@ -92,6 +92,11 @@ def document_span(document_id: str, task_id: str, run_id: str | None) -> Iterato
     attributes = {TASK_ID: task_id, DOCUMENT_ID: document_id}
     if run_id:
         attributes[RUN_ID] = run_id
+    if not _exporting():
+        # Nothing records spans: none is made (a span through the proxy tracer costs about as
+        # much CPU as a store read).
+        yield trace.INVALID_SPAN
+        return
     token = _current.set(attributes)
     try:
         # A new trace per document: its spans stay together, whatever else the run does.
@@ -109,6 +114,9 @@ def document_span(document_id: str, task_id: str, run_id: str | None) -> Iterato
 def span(name: str, *, task_id: str | None = None, **attributes: Any) -> Iterator[trace.Span]:
     """A span for one external call or write, with the current task's ids (``task_id`` names
     another task of the same document, e.g. a section's)."""
+    if not _exporting():
+        yield trace.INVALID_SPAN
+        return
     ids = dict(_current.get() or {})
     if task_id:
         ids[TASK_ID] = task_id
