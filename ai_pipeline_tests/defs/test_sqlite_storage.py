@@ -249,3 +249,58 @@ def test_a_steps_materializations_and_check_evaluations_are_dagsters_rows(tmp_pa
         storage.dispose()
     assert len(written["ours"]["run events"]) == 6
     assert_same_rows(written["ours"], written["dagster"])
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        [f"{i:020x}" for i in range(50)],
+        ["报告-2026", 'a "quoted" key', "back\\slash", "tab\there", "ü", "\u2028"],
+        [None],
+    ],
+)
+def test_each_planned_row_is_serialized_as_its_own_event_would_be(keys: list[str | None]) -> None:
+    """The planned rows' texts are made by serializing the event once and putting each key in:
+    each is exactly what serializing that key's own event gives, whatever the key holds."""
+    import time
+
+    import dagster as dg
+    from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+        AssetCheckEvaluationPlanned,
+    )
+    from dagster._core.events import DagsterEvent, DagsterEventType
+    from dagster._core.events.log import EventLogEntry
+
+    from ai_pipeline.defs.dagster_private import DefaultPartitionsSubset, serialize_value
+    from ai_pipeline.defs.event_log import _each_key
+
+    now = time.time()
+
+    def serialized(key: str | None) -> str:
+        subset = None if key is None else DefaultPartitionsSubset({key})
+        planned = AssetCheckEvaluationPlanned(
+            asset_key=dg.AssetKey("llm_analysis"), check_name="schema", partitions_subset=subset
+        )
+        event = EventLogEntry(
+            error_info=None,
+            level="DEBUG",
+            user_message="",
+            run_id="r1",
+            timestamp=now,
+            dagster_event=DagsterEvent(
+                event_type_value=DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED.value,
+                job_name="j",
+                event_specific_data=planned,
+            ),
+        )
+        return serialize_value(event)
+
+    made = {"count": 0}
+
+    def counted(key: str | None) -> str:
+        made["count"] += 1
+        return serialized(key)
+
+    assert _each_key(counted, keys) == [serialized(key) for key in keys]
+    # Once, with the stand-in; a key of None (no subset) is serialized by itself too.
+    assert made["count"] == (2 if None in keys else 1)
