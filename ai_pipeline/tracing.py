@@ -93,8 +93,8 @@ def document_span(document_id: str, task_id: str, run_id: str | None) -> Iterato
     if run_id:
         attributes[RUN_ID] = run_id
     if not _exporting():
-        # Nothing records spans: none is made (a span through the proxy tracer costs about as
-        # much CPU as a store read).
+        # Nothing records spans: none is made (through the proxy tracer each cost about 6 us
+        # of CPU, and a document's work makes several).
         yield trace.INVALID_SPAN
         return
     token = _current.set(attributes)
