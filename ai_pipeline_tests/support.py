@@ -158,7 +158,7 @@ def instance_yaml_on_postgres(
 ) -> str:
     """The checkout's dagster.yaml with the instance's storage on this PostgreSQL database."""
     from ai_pipeline.defs.pg_storage import storage_yaml
-    from ai_pipeline.defs.sqlite_storage import without_sqlite_event_log
+    from ai_pipeline.defs.sqlite_storage import without_sqlite_storage
 
     database = {
         "hostname": host,
@@ -168,7 +168,7 @@ def instance_yaml_on_postgres(
         "scheme": "postgresql+psycopg2",
     }
     return (
-        without_sqlite_event_log((REPO / "dagster.yaml").read_text())
+        without_sqlite_storage((REPO / "dagster.yaml").read_text())
         + "\n"
         + storage_yaml(postgres_db=database)
     )

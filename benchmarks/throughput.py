@@ -239,9 +239,9 @@ def instance_yaml(
             r"max_concurrent_runs: \d+", f"max_concurrent_runs: {max_concurrent_runs}", text
         )
     if pg_url:
-        from ai_pipeline.defs.sqlite_storage import without_sqlite_event_log
+        from ai_pipeline.defs.sqlite_storage import without_sqlite_storage
 
-        text = without_sqlite_event_log(text)
+        text = without_sqlite_storage(text)
         # psycopg2 by name: SQLAlchemy 2.1 maps postgresql:// to psycopg 3 (see deploy/dagster.yaml).
         url = pg_url.replace("postgresql://", "postgresql+psycopg2://", 1)
         if pooled:

@@ -48,6 +48,11 @@ Each has no public equivalent in that release; when Dagster changes, this is the
   backfill planner only if nobody wrote it since it was read (``update_backfill`` writes whatever
   was there), so that it is either Dagster's plan or ours, never both
   (``ai_pipeline.defs.backfill_planner``).
+- ``SqliteRunStorage``, ``SqliteScheduleStorage``, ``create_db_conn_string``: the embedded
+  default's run and schedule storage, subclassed to keep an engine and to check a database's
+  schema once a process (``ai_pipeline.defs.sqlite_storage``; they override ``from_local``,
+  ``connect``, ``has_instigators_table``, ``has_secondary_index_table`` and ``has_built_index``,
+  so check those bodies when Dagster changes).
 - ``retry_run``, ``should_retry`` (through ``retry_failed_run``, imported when called),
   ``AUTO_RETRY_RUN_ID_TAG``, ``WILL_RETRY_TAG``: the daemon's own automatic retry of a failed run,
   made up for when its event-log consumer missed the failure (``ai_pipeline.defs.missed_retries``).
@@ -90,8 +95,10 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     SqliteEventLogStorageWatchdog,
 )
 from dagster._core.storage.runs.schema import BulkActionsTable
+from dagster._core.storage.runs.sqlite.sqlite_run_storage import SqliteRunStorage
+from dagster._core.storage.schedules.sqlite.sqlite_schedule_storage import SqliteScheduleStorage
 from dagster._core.storage.sqlalchemy_compat import db_select
-from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
+from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS, create_db_conn_string
 from dagster._core.storage.tags import AUTO_RETRY_RUN_ID_TAG, BACKFILL_ID_TAG, WILL_RETRY_TAG
 from dagster._core.utils import make_new_backfill_id, make_new_run_id
 from dagster._core.workspace.context import WorkspaceProcessContext
@@ -145,6 +152,9 @@ __all__ = [
     "SqlEventLogStorageTable",
     "SqliteEventLogStorage",
     "SqliteEventLogStorageWatchdog",
+    "SqliteRunStorage",
+    "SqliteScheduleStorage",
+    "create_db_conn_string",
     "DynamicPartitionsTable",
     "AssetCheckExecutionsTable",
     "AssetKeyTable",

@@ -27,15 +27,33 @@ every process.
 
 ``dagster.yaml`` names it as ``event_log_storage``; ``base_dir`` defaults to
 ``$DAGSTER_HOME/storage``, where Dagster's own default keeps these files.
+
+The run and schedule storage (``EngineReusingSqliteRunStorage``,
+``EngineReusingSqliteScheduleStorage``) are Dagster's too, with two costs taken out of what a
+deployment does when nothing happens. Dagster builds a new instance for every sensor tick in the
+code server (every 2 s for the backfill planner), and building a run or schedule storage loads
+every alembic migration script to compare the database's revision with the head: 60 % of an idle
+code server's CPU. It acts on the answer only when the database has no revision yet (it creates
+the tables and stamps them), so that is all that is asked now, in one query: a database with a
+revision and its tables is opened as it is, any other goes through Dagster's ``from_local``. And
+every statement of the daemon's loops opened a new engine and connection, and asked SQLite for its
+table list (``has_instigators_table`` and the like, before each tick's reads and writes): the
+connections are kept here, and a table, column or index once seen is not looked for again
+(migrations only add them; ``wipe`` deletes rows, not tables). ``dagster.yaml`` names them as
+``run_storage`` and ``schedule_storage``, on Dagster's own files (``$DAGSTER_HOME/history/runs.db``,
+``$DAGSTER_HOME/schedules/schedules.db``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 from dagster import DagsterEventType
@@ -50,6 +68,9 @@ from ai_pipeline.defs.dagster_private import (
     SqlEventLogStorageTable,
     SqliteEventLogStorage,
     SqliteEventLogStorageWatchdog,
+    SqliteRunStorage,
+    SqliteScheduleStorage,
+    create_db_conn_string,
 )
 from ai_pipeline.defs.event_log import (
     STEP_EVENTS,
@@ -244,6 +265,181 @@ class EngineReusingSqliteEventLogStorage(
         super().dispose()
 
 
+_ENGINE_LOCK = threading.Lock()
+
+
+def _built(
+    base_dir: str,
+    name: str,
+    tables: tuple[str, ...],
+    build: Callable[[], Any],
+    build_ready: Callable[[str], Any],
+) -> Any:
+    """Dagster's ``from_local`` (``build()``) for a database that is not there yet or has no
+    alembic revision — the only case where it does more than load every migration script to compare
+    revisions; ``build_ready(conn_string)`` for one that has a revision and ``tables``."""
+    path = os.path.join(base_dir, f"{name}.db")
+    if not os.path.exists(path):
+        return build()
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_SECONDS)) as db:
+            revision = db.execute("SELECT version_num FROM alembic_version").fetchone()
+            present = {
+                row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+    except sqlite3.Error:
+        return build()
+    if revision is None or not revision[0] or not set(tables) <= present:
+        return build()
+    return build_ready(create_db_conn_string(base_dir, name))
+
+
+def _base_dir(config_value: dict[str, Any], default: str) -> str:
+    base_dir = config_value.get("base_dir")
+    if base_dir:
+        return str(base_dir)
+    home = os.environ.get("DAGSTER_HOME")
+    if not home:
+        raise ValueError("set DAGSTER_HOME, or base_dir in the storage's config")
+    return os.path.join(home, default)
+
+
+class _KeptConnections:
+    """``connect`` through one engine per storage, its connections kept open between uses, and
+    the schema's tables, columns and indexes remembered once seen."""
+
+    _conn_string: str
+
+    def _kept_engine(self) -> Engine:
+        engine: Engine | None = self.__dict__.get("_kept")
+        if engine is None:
+            with _ENGINE_LOCK:
+                engine = self.__dict__.get("_kept")
+                if engine is None:
+                    engine = self.__dict__["_kept"] = create_engine(
+                        self._conn_string,
+                        # The daemon's threads share it; a connection beyond two is closed after use.
+                        poolclass=QueuePool,
+                        pool_size=2,
+                        max_overflow=-1,
+                        connect_args={"check_same_thread": False},
+                    )
+        return engine
+
+    @contextmanager
+    def connect(self) -> Iterator[Connection]:
+        with self._kept_engine().connect() as conn, conn.begin():
+            yield conn
+
+    def _present(self, key: tuple[str, ...], look: Callable[[], bool]) -> bool:
+        seen: set[tuple[str, ...]] = self.__dict__.setdefault("_seen", set())
+        if key in seen:
+            return True
+        present = look()
+        if present:
+            seen.add(key)
+        return present
+
+    def dispose(self) -> None:
+        engine: Engine | None = self.__dict__.pop("_kept", None)
+        if engine is not None:
+            engine.dispose()
+        super().dispose()  # type: ignore[misc]
+
+
+class EngineReusingSqliteRunStorage(_KeptConnections, SqliteRunStorage):
+    """Dagster's SQLite run storage (``$DAGSTER_HOME/history/runs.db``), its schema checked only
+    when it has none and its connections kept."""
+
+    @classmethod
+    def config_type(cls) -> Any:
+        from dagster import Field, StringSource
+
+        return {"base_dir": Field(StringSource, is_required=False)}
+
+    @classmethod
+    def from_config_value(  # type: ignore[override]
+        cls, inst_data: ConfigurableClassData | None, config_value: dict[str, Any]
+    ) -> EngineReusingSqliteRunStorage:
+        return cls.from_local(_base_dir(config_value, "history"), inst_data=inst_data)
+
+    @classmethod
+    def from_local(
+        cls, base_dir: str, inst_data: ConfigurableClassData | None = None
+    ) -> EngineReusingSqliteRunStorage:
+        return _built(  # type: ignore[no-any-return]
+            base_dir,
+            "runs",
+            ("runs", "instance_info"),
+            partial(super().from_local, base_dir, inst_data),
+            lambda conn_string: cls(conn_string, inst_data),
+        )
+
+    def has_built_index(self, migration_name: str) -> bool:
+        return self._present(
+            ("index", migration_name), partial(super().has_built_index, migration_name)
+        )
+
+    def has_run_stats_index_cols(self) -> bool:
+        return self._present(("run stats columns",), super().has_run_stats_index_cols)
+
+    def has_bulk_actions_selector_cols(self) -> bool:
+        return self._present(
+            ("bulk action selector columns",), super().has_bulk_actions_selector_cols
+        )
+
+    def has_backfill_id_column(self) -> bool:
+        return self._present(("backfill id column",), super().has_backfill_id_column)
+
+    def has_bulk_action_job_name_column(self) -> bool:
+        return self._present(
+            ("bulk action job name column",), super().has_bulk_action_job_name_column
+        )
+
+    def has_backfill_tags_table(self) -> bool:
+        return self._present(("backfill tags table",), super().has_backfill_tags_table)
+
+
+class EngineReusingSqliteScheduleStorage(_KeptConnections, SqliteScheduleStorage):
+    """Dagster's SQLite schedule storage (``$DAGSTER_HOME/schedules/schedules.db``: sensor and
+    schedule states and ticks), its schema checked once a process and its connections kept."""
+
+    @classmethod
+    def config_type(cls) -> Any:
+        from dagster import Field, StringSource
+
+        return {"base_dir": Field(StringSource, is_required=False)}
+
+    @classmethod
+    def from_config_value(  # type: ignore[override]
+        cls, inst_data: ConfigurableClassData | None, config_value: dict[str, Any]
+    ) -> EngineReusingSqliteScheduleStorage:
+        return cls.from_local(_base_dir(config_value, "schedules"), inst_data=inst_data)
+
+    @classmethod
+    def from_local(
+        cls, base_dir: str, inst_data: ConfigurableClassData | None = None
+    ) -> EngineReusingSqliteScheduleStorage:
+        return _built(  # type: ignore[no-any-return]
+            base_dir,
+            "schedules",
+            ("jobs", "job_ticks"),
+            partial(super().from_local, base_dir, inst_data),
+            lambda conn_string: cls(conn_string, inst_data),
+        )
+
+    def has_instigators_table(self) -> bool:
+        return self._present(("instigators table",), super().has_instigators_table)
+
+    def has_secondary_index_table(self) -> bool:
+        return self._present(("secondary index table",), super().has_secondary_index_table)
+
+    def has_built_index(self, migration_name: str) -> bool:
+        return self._present(
+            ("index", migration_name), partial(super().has_built_index, migration_name)
+        )
+
+
 def _wal_normal(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
@@ -251,13 +447,18 @@ def _wal_normal(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def without_sqlite_event_log(instance_yaml: str) -> str:
-    """A ``dagster.yaml`` without its top-level ``event_log_storage`` section: for putting the
-    instance on PostgreSQL (``storage: postgres``), which Dagster refuses beside it."""
+# The sections of the checkout's ``dagster.yaml`` that put a storage on SQLite.
+_SQLITE_SECTIONS = ("event_log_storage:", "run_storage:", "schedule_storage:")
+
+
+def without_sqlite_storage(instance_yaml: str) -> str:
+    """A ``dagster.yaml`` without its top-level ``event_log_storage``, ``run_storage`` and
+    ``schedule_storage`` sections: for putting the instance on PostgreSQL (``storage: postgres``),
+    which Dagster refuses beside them."""
     kept, skipping = [], False
     for line in instance_yaml.splitlines(keepends=True):
         if line and not line[0].isspace() and not line.startswith("#"):
-            skipping = line.startswith("event_log_storage:")
+            skipping = line.startswith(_SQLITE_SECTIONS)
         if not skipping:
             kept.append(line)
     return "".join(kept)

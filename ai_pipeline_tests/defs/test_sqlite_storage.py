@@ -304,3 +304,106 @@ def test_each_planned_row_is_serialized_as_its_own_event_would_be(keys: list[str
     assert _each_key(counted, keys) == [serialized(key) for key in keys]
     # Once, with the stand-in; a key of None (no subset) is serialized by itself too.
     assert made["count"] == (2 if None in keys else 1)
+
+
+def _home(tmp_path: Path) -> Path:
+    """A DAGSTER_HOME holding the checkout's dagster.yaml (its SQLite storage)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(
+        (Path(__file__).resolve().parents[2] / "dagster.yaml").read_text()
+    )
+    return home
+
+
+def test_run_and_schedule_storage_are_dagsters_files_checked_only_when_unstamped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkout's dagster.yaml keeps runs and sensor states in Dagster's own files. An instance
+    built on databases that have their alembic revision and tables (every sensor tick's, in the
+    code server) does not load the migration scripts to compare revisions again; a database file
+    that has none gets Dagster's creation and stamping, as before."""
+    import dagster as dg
+    from dagster._core.storage.runs.sqlite import sqlite_run_storage
+    from dagster._core.storage.schedules.sqlite import sqlite_schedule_storage
+
+    from ai_pipeline.defs.sqlite_storage import (
+        EngineReusingSqliteRunStorage,
+        EngineReusingSqliteScheduleStorage,
+    )
+
+    checked: list[str] = []
+    for module, name in ((sqlite_run_storage, "runs"), (sqlite_schedule_storage, "schedules")):
+        real = module.check_alembic_revision
+        monkeypatch.setattr(
+            module,
+            "check_alembic_revision",
+            lambda config, conn, real=real, name=name: checked.append(name) or real(config, conn),
+        )
+    home = _home(tmp_path)
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    with dg.DagsterInstance.from_config(str(home)) as first:
+        assert isinstance(first.run_storage, EngineReusingSqliteRunStorage)
+        assert isinstance(first.schedule_storage, EngineReusingSqliteScheduleStorage)
+        assert sorted(checked) == ["runs", "schedules"]  # new files: created and stamped
+        first.add_run(dg.DagsterRun(job_name="job", run_id="run-1"))
+        ref = first.get_ref()
+    assert (home / "history" / "runs.db").exists()
+    assert (home / "schedules" / "schedules.db").exists()
+    checked.clear()
+    for _ in range(5):
+        with dg.DagsterInstance.from_ref(ref) as again:
+            assert again.get_run_by_id("run-1") is not None
+            assert again.schedule_storage.all_instigator_state() == []
+    assert checked == []
+    # A file that is there but was never stamped goes through Dagster's own building.
+    (home / "history" / "runs.db").unlink()
+    for suffix in ("-wal", "-shm"):
+        (home / "history" / f"runs.db{suffix}").unlink(missing_ok=True)
+    (home / "history" / "runs.db").touch()
+    with dg.DagsterInstance.from_ref(ref) as fresh:
+        assert checked == ["runs"]
+        assert fresh.get_run_by_id("run-1") is None
+        fresh.add_run(dg.DagsterRun(job_name="job", run_id="run-2"))
+        assert fresh.get_run_by_id("run-2") is not None
+
+
+def test_run_and_schedule_storage_keep_their_connections_and_known_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon's loops read runs and sensor states many times a second: through two kept
+    connections per storage (Dagster's opened one per statement), shared by threads, with the
+    schema's tables asked for once (Dagster asked before every instigator read)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import dagster as dg
+    import sqlalchemy as sa
+
+    home = _home(tmp_path)
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    opened: list[object] = []
+    statements: list[str] = []
+
+    def on_connect(dbapi_connection: object, _record: object) -> None:
+        opened.append(dbapi_connection)
+
+    def on_execute(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.add_run(dg.DagsterRun(job_name="job", run_id="run-1"))
+        instance.schedule_storage.all_instigator_state()
+        sa.event.listen(sa.engine.Engine, "connect", on_connect)
+        sa.event.listen(sa.engine.Engine, "before_cursor_execute", on_execute)
+        try:
+            for _ in range(30):
+                assert instance.get_runs_count() == 1
+                assert instance.schedule_storage.all_instigator_state() == []
+            with ThreadPoolExecutor(4) as pool:
+                assert set(pool.map(lambda _: instance.get_runs_count(), range(40))) == {1}
+        finally:
+            sa.event.remove(sa.engine.Engine, "connect", on_connect)
+            sa.event.remove(sa.engine.Engine, "before_cursor_execute", on_execute)
+    # The threads may each have needed one beyond the two kept; the loop above none.
+    assert len(opened) <= 4
+    assert not any("sqlite_master" in s for s in statements)
