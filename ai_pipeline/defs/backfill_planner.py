@@ -14,7 +14,9 @@ daemon submits the rest as it resumes a backfill whose runs it had planned.
 
 The plan is written only if the backfill is still as it was read (``dagster_private.
 replace_backfill``): when the daemon's loop got to it first, the backfill keeps Dagster's plan
-(one run per stretch of contiguous documents), never both plans. The sensor ticks every
+(one run per stretch of contiguous documents), never both plans. The other way round, a daemon
+iteration that read the backfill before the plan was written would write its own plan over it and
+submit its runs too; the project's run storages refuse that write (``backfill_writes``). The sensor ticks every
 ``PLANNER_INTERVAL_SECONDS``, the daemon's backfill loop every 30 s, so a UI backfill is planned
 here unless it was created in the few seconds before that loop's next pass.
 """

@@ -44,7 +44,8 @@ Each has no public equivalent in that release; when Dagster changes, this is the
 - ``set_defs_state_storage`` (``loaded_against``): definitions loaded in this process against a
   given instance's defs state storage, not the one a context variable last named.
 - ``BulkActionsTable``, ``db_select``, ``deserialize_value`` and the run storage's ``connect``
-  (through ``replace_backfill``): a backfill the UI created, re-planned by the code location's
+  (through ``replace_backfill``, and ``backfill_writes``, whose ``update_backfill`` mirrors
+  ``SqlRunStorage.update_backfill``): a backfill the UI created, re-planned by the code location's
   backfill planner only if nobody wrote it since it was read (``update_backfill`` writes whatever
   was there), so that it is either Dagster's plan or ours, never both
   (``ai_pipeline.defs.backfill_planner``).
@@ -189,6 +190,9 @@ __all__ = [
     "submit_asset_run",
     "AUTO_RETRY_RUN_ID_TAG",
     "WILL_RETRY_TAG",
+    "BulkActionsTable",
+    "db_select",
+    "deserialize_value",
 ]
 
 

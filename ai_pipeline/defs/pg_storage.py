@@ -51,6 +51,7 @@ from dagster_postgres.utils import (
 )
 from sqlalchemy.dialects import postgresql
 
+from ai_pipeline.defs.backfill_writes import BackfillsComparedAndSet
 from ai_pipeline.defs.dagster_private import (
     ASSET_KEY_INDEX_COLS,
     AssetCheckExecutionsTable,
@@ -367,8 +368,10 @@ class PooledPostgresEventLogStorage(
             self._group_engine.dispose()
 
 
-class _PooledPostgresRunStorage(PostgresRunStorage):
-    """dagster-postgres's run storage, whose engine may be the process's (``_process_engines``)."""
+class _PooledPostgresRunStorage(BackfillsComparedAndSet, PostgresRunStorage):
+    """dagster-postgres's run storage, whose engine may be the process's (``_process_engines``),
+    and which never writes a backfill's planned runs over with a plan made before them
+    (``backfill_writes``)."""
 
     _engines_kept = False
 

@@ -61,6 +61,7 @@ from sqlalchemy import create_engine, event, func, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import QueuePool
 
+from ai_pipeline.defs.backfill_writes import BackfillsComparedAndSet
 from ai_pipeline.defs.dagster_private import (
     SQLITE_BUSY_TIMEOUT_SECONDS,
     ConfigurableClassData,
@@ -347,9 +348,10 @@ class _KeptConnections:
         super().dispose()  # type: ignore[misc]
 
 
-class EngineReusingSqliteRunStorage(_KeptConnections, SqliteRunStorage):
+class EngineReusingSqliteRunStorage(BackfillsComparedAndSet, _KeptConnections, SqliteRunStorage):
     """Dagster's SQLite run storage (``$DAGSTER_HOME/history/runs.db``), its schema checked only
-    when it has none and its connections kept."""
+    when it has none, its connections kept, and a backfill's planned runs never written over by a
+    plan made before them (``backfill_writes``)."""
 
     @classmethod
     def config_type(cls) -> Any:

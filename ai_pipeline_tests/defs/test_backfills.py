@@ -1184,3 +1184,78 @@ def test_the_backfill_planner_plans_only_the_ui_backfills_dagster_would_cut_fine
     raced = instance.get_backfill("raced")
     assert raced is not None
     assert (raced.failure_count, raced.submitting_run_requests) == (1, [])
+
+
+def test_a_plan_made_before_the_planners_is_refused_not_written_over_it(
+    instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dagster's backfill daemon read a UI backfill, then the planner planned it: the daemon's plan,
+    made from what it read (one run per document, under its own run ids), is refused by the run
+    storage before it could submit anything, and the planner's runs stay the backfill's. The
+    writes Dagster makes while submitting a plan, counting a failure or canceling go through, and
+    once nothing waits a next plan does."""
+    from ai_pipeline.definitions import defs
+    from ai_pipeline.defs.backfill_planner import plan_new_backfills
+    from ai_pipeline.defs.backfill_writes import PlanMadeMeanwhile
+    from ai_pipeline.defs.dagster_private import (
+        BulkActionStatus,
+        PartitionBackfill,
+        make_new_run_id,
+    )
+    from ai_pipeline.defs.site import DEFAULT_SITE
+
+    monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "3")
+    keys = [f"{i:016x}" for i in range(12)]
+    add_partitions(instance, keys)
+    graph = repository_of(defs, instance).asset_graph
+    scattered = keys[0:12:2]
+    instance.add_backfill(
+        PartitionBackfill.from_asset_partitions(
+            backfill_id="ui",
+            asset_graph=graph,
+            partition_names=scattered,
+            asset_selection=ANALYSIS_KEYS,
+            backfill_timestamp=time.time(),
+            tags={},
+            dynamic_partitions_store=instance,
+            all_partitions=False,
+            title=None,
+            description=None,
+            run_config=None,
+        )
+    )
+    read_by_the_daemon = instance.get_backfill("ui")
+    assert read_by_the_daemon is not None
+    planned, _ = plan_new_backfills(instance, graph, DEFAULT_SITE, None)
+    assert [p.backfill_id for p in planned] == ["ui"]
+    ours = instance.get_backfill("ui")
+    assert ours is not None and len(ours.reserved_run_ids) == 2
+
+    per_document = [
+        dg.RunRequest(partition_key=k, asset_selection=ANALYSIS_KEYS) for k in scattered
+    ]
+    daemons = read_by_the_daemon.with_submitting_run_requests(
+        per_document, [make_new_run_id() for _ in per_document]
+    )
+    with pytest.raises(PlanMadeMeanwhile, match="ui not written"):
+        instance.update_backfill(daemons)
+    assert instance.get_backfill("ui") == ours
+
+    # Dagster submitting the stored plan: the runs left to submit, then none.
+    instance.update_backfill(
+        ours.with_submitting_run_requests(
+            ours.submitting_run_requests[1:], ours.reserved_run_ids[1:]
+        ).with_failure_count(1)
+    )
+    stored = instance.get_backfill("ui")
+    assert stored is not None
+    assert (stored.reserved_run_ids, stored.failure_count) == (ours.reserved_run_ids[1:], 1)
+    instance.update_backfill(stored.with_status(BulkActionStatus.CANCELING))
+    stored = instance.get_backfill("ui")
+    assert stored is not None and stored.status == BulkActionStatus.CANCELING
+    instance.update_backfill(stored.with_submitting_run_requests([], []))
+    nothing_waits = instance.get_backfill("ui")
+    assert nothing_waits is not None and not nothing_waits.submitting_run_requests
+    instance.update_backfill(daemons)  # a next plan, over a backfill with no runs waiting
+    stored = instance.get_backfill("ui")
+    assert stored is not None and stored.reserved_run_ids == daemons.reserved_run_ids
