@@ -1259,3 +1259,89 @@ def test_a_plan_made_before_the_planners_is_refused_not_written_over_it(
     instance.update_backfill(daemons)  # a next plan, over a backfill with no runs waiting
     stored = instance.get_backfill("ui")
     assert stored is not None and stored.reserved_run_ids == daemons.reserved_run_ids
+
+
+def test_the_daemons_iteration_from_a_read_before_the_plan_submits_nothing_then_resumes_it(
+    instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dagster's own backfill iteration (what the daemon's loop calls), given the UI backfill as
+    it read it before the planner planned it: the write of its plan is refused, it submits no run
+    and counts one failure it will retry; its next iteration, on the backfill as stored, submits
+    the planner's runs under the planner's run ids — each document in one run."""
+    import logging
+
+    from dagster._core.remote_origin import InProcessCodeLocationOrigin
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
+    from dagster._daemon.backfill import execute_backfill_iteration_with_instigation_logger
+
+    from ai_pipeline.definitions import defs
+    from ai_pipeline.defs.backfill_planner import plan_new_backfills
+    from ai_pipeline.defs.dagster_private import PartitionBackfill
+    from ai_pipeline.defs.site import DEFAULT_SITE
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # the runs' config; nothing is called
+    monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "3")
+    keys = [f"{i:016x}" for i in range(12)]
+    add_partitions(instance, keys)
+    graph = repository_of(defs, instance).asset_graph
+    scattered = keys[0:12:2]
+    instance.add_backfill(
+        PartitionBackfill.from_asset_partitions(
+            backfill_id="ui",
+            asset_graph=graph,
+            partition_names=scattered,
+            asset_selection=ANALYSIS_KEYS,
+            backfill_timestamp=time.time(),
+            tags={},
+            dynamic_partitions_store=instance,
+            all_partitions=False,
+            title=None,
+            description=None,
+            run_config=None,
+        )
+    )
+    read_by_the_daemon = instance.get_backfill("ui")
+    assert read_by_the_daemon is not None
+    assert [p.backfill_id for p in plan_new_backfills(instance, graph, DEFAULT_SITE, None)[0]] == [
+        "ui"
+    ]
+    ours = instance.get_backfill("ui")
+    assert ours is not None
+
+    target = InProcessWorkspaceLoadTarget(
+        InProcessCodeLocationOrigin(
+            LoadableTargetOrigin(
+                executable_path=sys.executable,
+                module_name="ai_pipeline.definitions",
+                attribute="defs",
+            ),
+            location_name="ai_pipeline",
+        )
+    )
+    logger = logging.getLogger("backfill-test")
+    with WorkspaceProcessContext(instance, target) as context:
+        errors = list(
+            execute_backfill_iteration_with_instigation_logger(
+                read_by_the_daemon, logger, context, instance
+            )
+        )
+        assert [e is not None and "PlanMadeMeanwhile" in e.to_string() for e in errors] == [True]
+        assert instance.get_runs_count() == 0, "nothing submitted"
+        stored = instance.get_backfill("ui")
+        assert stored is not None
+        assert (stored.reserved_run_ids, stored.failure_count, stored.status) == (
+            ours.reserved_run_ids,
+            1,
+            BulkActionStatus.REQUESTED,
+        )
+
+        errors = list(
+            execute_backfill_iteration_with_instigation_logger(stored, logger, context, instance)
+        )
+        assert errors == [None] or not any(errors), errors
+    runs = instance.get_runs()
+    assert sorted(r.run_id for r in runs) == sorted(ours.reserved_run_ids)
+    keys_now = instance.get_dynamic_partitions(documents_partitions.name or "documents")
+    assert sorted(k for r in runs for k in run_documents(r, keys_now)) == sorted(scattered)
