@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine_cpu import commit_of, finish_report, in_turns  # noqa: E402
-from throughput import REPO, _beside_python, report_header  # noqa: E402
+from throughput import (  # noqa: E402
+    REPO,
+    _beside_python,
+    background,
+    daemon_serving,
+    report_header,
+)
 
 SETTLE_SECONDS = 15.0
 TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
@@ -70,7 +75,8 @@ def cpu_seconds(root_pid: int) -> dict[str, float]:
 
 @contextmanager
 def daemon_of(checkout: Path, home: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A ``dagster-daemon`` of ``checkout`` on ``home``, stopped (its process group) after."""
+    """A ``dagster-daemon`` of ``checkout`` on ``home``, running the code location's sensors;
+    stopped (its process group) after."""
     from ai_pipeline.defs.dagster_private import DAGSTER_SWITCHES
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AI_PIPELINE_", "DAGSTER_"))}
@@ -85,42 +91,9 @@ def daemon_of(checkout: Path, home: Path, log: Path) -> Iterator[subprocess.Pope
         OPENAI_API_KEY="idle-bench-key",
     )
     argv = [_beside_python("dagster-daemon"), "run", "-w", str(checkout / "workspace.yaml")]
-    with log.open("wb") as out:
-        daemon = subprocess.Popen(
-            argv,
-            cwd=checkout,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            yield daemon
-        finally:
-            os.killpg(daemon.pid, signal.SIGTERM)
-            try:
-                daemon.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(daemon.pid, signal.SIGKILL)
-                daemon.wait()
-
-
-def sensors_ticking(home: Path, timeout: float = 180.0) -> None:
-    """Wait until the daemon has begun a tick of the code location's reconcile sensor."""
-    import dagster as dg
-
-    deadline = time.monotonic() + timeout
-    os.environ["DAGSTER_HOME"] = str(home)  # the storages' default folders
-    with dg.DagsterInstance.from_config(str(home)) as instance:
-        while time.monotonic() < deadline:
-            if any(
-                state.instigator_name == "reconcile_sensor"
-                and getattr(state.instigator_data, "last_tick_start_timestamp", None)
-                for state in instance.all_instigator_state()
-            ):
-                return
-            time.sleep(0.5)
-    raise SystemExit(f"FAILED: the daemon on {home} ran no sensor within {timeout:.0f} s")
+    with background(argv, env, log, cwd=checkout) as daemon:
+        daemon_serving(home, env, timeout=180.0)
+        yield daemon
 
 
 def one_pass(checkout: Path, seconds: float) -> dict[str, Any]:
@@ -130,7 +103,6 @@ def one_pass(checkout: Path, seconds: float) -> dict[str, Any]:
         (home / "inbox").mkdir(parents=True)
         shutil.copy(checkout / "dagster.yaml", home / "dagster.yaml")
         with daemon_of(checkout, home, root / "daemon.log") as daemon:
-            sensors_ticking(home)
             time.sleep(SETTLE_SECONDS)
             before, started = cpu_seconds(daemon.pid), time.monotonic()
             time.sleep(seconds)

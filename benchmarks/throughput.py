@@ -261,13 +261,13 @@ def _beside_python(command: str) -> str:
 
 @contextmanager
 def background(
-    argv: list[str], env: dict[str, str], log_path: Path
+    argv: list[str], env: dict[str, str], log_path: Path, cwd: Path = REPO
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A process of the checkout in a session of its own, its output to ``log_path``; stopped
-    (its process group: it and what it started) after."""
+    """A process of the checkout (``cwd``) in a session of its own, its output to ``log_path``;
+    stopped (its process group: it and what it started) after."""
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
             yield process

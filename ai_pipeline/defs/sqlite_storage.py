@@ -54,7 +54,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from dagster import DagsterEventType
 from sqlalchemy import create_engine, event, func, select
@@ -306,10 +306,35 @@ def _base_dir(config_value: dict[str, Any], default: str) -> str:
 
 
 class _KeptConnections:
-    """``connect`` through one engine per storage, its connections kept open between uses, and
-    the schema's tables, columns and indexes remembered once seen."""
+    """Dagster's ``from_local`` only for a database that needs it (``_built``), ``connect``
+    through one engine per storage with its connections kept open between uses, and the
+    schema's tables, columns and indexes remembered once seen; ``FOLDER`` (under
+    ``$DAGSTER_HOME``), ``DATABASE`` and ``TABLES`` say which database."""
 
+    FOLDER: ClassVar[str]
+    DATABASE: ClassVar[str]
+    TABLES: ClassVar[tuple[str, ...]]
     _conn_string: str
+
+    @classmethod
+    def config_type(cls) -> Any:
+        from dagster import Field, StringSource
+
+        return {"base_dir": Field(StringSource, is_required=False)}
+
+    @classmethod
+    def from_config_value(cls, inst_data: ConfigurableClassData | None, config_value: Any) -> Any:
+        return cls.from_local(_base_dir(config_value, cls.FOLDER), inst_data=inst_data)
+
+    @classmethod
+    def from_local(cls, base_dir: str, inst_data: ConfigurableClassData | None = None) -> Any:
+        return _built(
+            base_dir,
+            cls.DATABASE,
+            cls.TABLES,
+            partial(super().from_local, base_dir, inst_data),  # type: ignore[misc]
+            lambda conn_string: cls(conn_string, inst_data),  # type: ignore[call-arg]
+        )
 
     def _kept_engine(self) -> Engine:
         engine: Engine | None = self.__dict__.get("_kept")
@@ -341,6 +366,12 @@ class _KeptConnections:
             seen.add(key)
         return present
 
+    def has_built_index(self, migration_name: str) -> bool:
+        return self._present(
+            ("index", migration_name),
+            partial(super().has_built_index, migration_name),  # type: ignore[misc]
+        )
+
     def dispose(self) -> None:
         engine: Engine | None = self.__dict__.pop("_kept", None)
         if engine is not None:
@@ -353,34 +384,7 @@ class EngineReusingSqliteRunStorage(BackfillsComparedAndSet, _KeptConnections, S
     when it has none, its connections kept, and a backfill's planned runs never written over by a
     plan made before them (``backfill_writes``)."""
 
-    @classmethod
-    def config_type(cls) -> Any:
-        from dagster import Field, StringSource
-
-        return {"base_dir": Field(StringSource, is_required=False)}
-
-    @classmethod
-    def from_config_value(  # type: ignore[override]
-        cls, inst_data: ConfigurableClassData | None, config_value: dict[str, Any]
-    ) -> EngineReusingSqliteRunStorage:
-        return cls.from_local(_base_dir(config_value, "history"), inst_data=inst_data)
-
-    @classmethod
-    def from_local(
-        cls, base_dir: str, inst_data: ConfigurableClassData | None = None
-    ) -> EngineReusingSqliteRunStorage:
-        return _built(  # type: ignore[no-any-return]
-            base_dir,
-            "runs",
-            ("runs", "instance_info"),
-            partial(super().from_local, base_dir, inst_data),
-            lambda conn_string: cls(conn_string, inst_data),
-        )
-
-    def has_built_index(self, migration_name: str) -> bool:
-        return self._present(
-            ("index", migration_name), partial(super().has_built_index, migration_name)
-        )
+    FOLDER, DATABASE, TABLES = "history", "runs", ("runs", "instance_info")
 
     def has_run_stats_index_cols(self) -> bool:
         return self._present(("run stats columns",), super().has_run_stats_index_cols)
@@ -404,42 +408,16 @@ class EngineReusingSqliteRunStorage(BackfillsComparedAndSet, _KeptConnections, S
 
 class EngineReusingSqliteScheduleStorage(_KeptConnections, SqliteScheduleStorage):
     """Dagster's SQLite schedule storage (``$DAGSTER_HOME/schedules/schedules.db``: sensor and
-    schedule states and ticks), its schema checked once a process and its connections kept."""
+    schedule states and ticks), its schema checked only when it has none and its connections
+    kept."""
 
-    @classmethod
-    def config_type(cls) -> Any:
-        from dagster import Field, StringSource
-
-        return {"base_dir": Field(StringSource, is_required=False)}
-
-    @classmethod
-    def from_config_value(  # type: ignore[override]
-        cls, inst_data: ConfigurableClassData | None, config_value: dict[str, Any]
-    ) -> EngineReusingSqliteScheduleStorage:
-        return cls.from_local(_base_dir(config_value, "schedules"), inst_data=inst_data)
-
-    @classmethod
-    def from_local(
-        cls, base_dir: str, inst_data: ConfigurableClassData | None = None
-    ) -> EngineReusingSqliteScheduleStorage:
-        return _built(  # type: ignore[no-any-return]
-            base_dir,
-            "schedules",
-            ("jobs", "job_ticks"),
-            partial(super().from_local, base_dir, inst_data),
-            lambda conn_string: cls(conn_string, inst_data),
-        )
+    FOLDER, DATABASE, TABLES = "schedules", "schedules", ("jobs", "job_ticks")
 
     def has_instigators_table(self) -> bool:
         return self._present(("instigators table",), super().has_instigators_table)
 
     def has_secondary_index_table(self) -> bool:
         return self._present(("secondary index table",), super().has_secondary_index_table)
-
-    def has_built_index(self, migration_name: str) -> bool:
-        return self._present(
-            ("index", migration_name), partial(super().has_built_index, migration_name)
-        )
 
 
 def _wal_normal(dbapi_connection: Any, _record: Any) -> None:

@@ -1110,6 +1110,35 @@ def test_a_failed_run_the_daemon_may_yet_retry_keeps_its_backfill_unsettled(
     assert not retry_pending(instance, [done, run(failed, **retried)]), "its retry is a run"
 
 
+def add_ui_backfill(
+    instance: dg.DagsterInstance,
+    graph: Any,
+    backfill_id: str,
+    documents: list[str],
+    *extra: dg.AssetKey,
+    **tags: str,
+) -> None:
+    """A backfill as the UI's "Launch backfill" creates it: the analysis's stages (and ``extra``)
+    for ``documents``, nothing planned."""
+    from ai_pipeline.defs.dagster_private import PartitionBackfill
+
+    instance.add_backfill(
+        PartitionBackfill.from_asset_partitions(
+            backfill_id=backfill_id,
+            asset_graph=graph,
+            partition_names=documents,
+            asset_selection=[*ANALYSIS_KEYS, *extra],
+            backfill_timestamp=time.time(),
+            tags=tags,
+            dynamic_partitions_store=instance,
+            all_partitions=False,
+            title=None,
+            description=None,
+            run_config=None,
+        )
+    )
+
+
 def test_the_backfill_planner_plans_only_the_ui_backfills_dagster_would_cut_finer(
     instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1121,7 +1150,7 @@ def test_the_backfill_planner_plans_only_the_ui_backfills_dagster_would_cut_fine
     write keeps what they wrote."""
     from ai_pipeline.definitions import defs
     from ai_pipeline.defs.backfill_planner import plan, plan_new_backfills
-    from ai_pipeline.defs.dagster_private import PartitionBackfill, replace_backfill
+    from ai_pipeline.defs.dagster_private import replace_backfill
     from ai_pipeline.defs.site import DEFAULT_SITE
 
     monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "3")
@@ -1130,21 +1159,7 @@ def test_the_backfill_planner_plans_only_the_ui_backfills_dagster_would_cut_fine
     graph = repository_of(defs, instance).asset_graph
 
     def ui(backfill_id: str, documents: list[str], *extra: dg.AssetKey, **tags: str) -> None:
-        instance.add_backfill(
-            PartitionBackfill.from_asset_partitions(
-                backfill_id=backfill_id,
-                asset_graph=graph,
-                partition_names=documents,
-                asset_selection=[*ANALYSIS_KEYS, *extra],
-                backfill_timestamp=time.time(),
-                tags=tags,
-                dynamic_partitions_store=instance,
-                all_partitions=False,
-                title=None,
-                description=None,
-                run_config=None,
-            )
-        )
+        add_ui_backfill(instance, graph, backfill_id, documents, *extra, **tags)
 
     scattered = keys[0:12:2]
     ui("scattered", scattered)
@@ -1186,6 +1201,31 @@ def test_the_backfill_planner_plans_only_the_ui_backfills_dagster_would_cut_fine
     assert (raced.failure_count, raced.submitting_run_requests) == (1, [])
 
 
+def planned_after_the_daemon_read_it(
+    instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[str], Any, Any]:
+    """A UI backfill of six scattered documents (runs of three), read as the daemon's iteration
+    reads it, then planned by the backfill planner: the documents, what the daemon read, and the
+    planned backfill as stored."""
+    from ai_pipeline.definitions import defs
+    from ai_pipeline.defs.backfill_planner import plan_new_backfills
+    from ai_pipeline.defs.site import DEFAULT_SITE
+
+    monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "3")
+    keys = [f"{i:016x}" for i in range(12)]
+    add_partitions(instance, keys)
+    graph = repository_of(defs, instance).asset_graph
+    scattered = keys[0:12:2]
+    add_ui_backfill(instance, graph, "ui", scattered)
+    read_by_the_daemon = instance.get_backfill("ui")
+    assert read_by_the_daemon is not None
+    planned, _ = plan_new_backfills(instance, graph, DEFAULT_SITE, None)
+    assert [p.backfill_id for p in planned] == ["ui"]
+    ours = instance.get_backfill("ui")
+    assert ours is not None and len(ours.reserved_run_ids) == 2
+    return scattered, read_by_the_daemon, ours
+
+
 def test_a_plan_made_before_the_planners_is_refused_not_written_over_it(
     instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1194,42 +1234,10 @@ def test_a_plan_made_before_the_planners_is_refused_not_written_over_it(
     storage before it could submit anything, and the planner's runs stay the backfill's. The
     writes Dagster makes while submitting a plan, counting a failure or canceling go through, and
     once nothing waits a next plan does."""
-    from ai_pipeline.definitions import defs
-    from ai_pipeline.defs.backfill_planner import plan_new_backfills
     from ai_pipeline.defs.backfill_writes import PlanMadeMeanwhile
-    from ai_pipeline.defs.dagster_private import (
-        BulkActionStatus,
-        PartitionBackfill,
-        make_new_run_id,
-    )
-    from ai_pipeline.defs.site import DEFAULT_SITE
+    from ai_pipeline.defs.dagster_private import BulkActionStatus, make_new_run_id
 
-    monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "3")
-    keys = [f"{i:016x}" for i in range(12)]
-    add_partitions(instance, keys)
-    graph = repository_of(defs, instance).asset_graph
-    scattered = keys[0:12:2]
-    instance.add_backfill(
-        PartitionBackfill.from_asset_partitions(
-            backfill_id="ui",
-            asset_graph=graph,
-            partition_names=scattered,
-            asset_selection=ANALYSIS_KEYS,
-            backfill_timestamp=time.time(),
-            tags={},
-            dynamic_partitions_store=instance,
-            all_partitions=False,
-            title=None,
-            description=None,
-            run_config=None,
-        )
-    )
-    read_by_the_daemon = instance.get_backfill("ui")
-    assert read_by_the_daemon is not None
-    planned, _ = plan_new_backfills(instance, graph, DEFAULT_SITE, None)
-    assert [p.backfill_id for p in planned] == ["ui"]
-    ours = instance.get_backfill("ui")
-    assert ours is not None and len(ours.reserved_run_ids) == 2
+    scattered, read_by_the_daemon, ours = planned_after_the_daemon_read_it(instance, monkeypatch)
 
     per_document = [
         dg.RunRequest(partition_key=k, asset_selection=ANALYSIS_KEYS) for k in scattered
@@ -1276,39 +1284,8 @@ def test_the_daemons_iteration_from_a_read_before_the_plan_submits_nothing_then_
     from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
     from dagster._daemon.backfill import execute_backfill_iteration_with_instigation_logger
 
-    from ai_pipeline.definitions import defs
-    from ai_pipeline.defs.backfill_planner import plan_new_backfills
-    from ai_pipeline.defs.dagster_private import PartitionBackfill
-    from ai_pipeline.defs.site import DEFAULT_SITE
-
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # the runs' config; nothing is called
-    monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "3")
-    keys = [f"{i:016x}" for i in range(12)]
-    add_partitions(instance, keys)
-    graph = repository_of(defs, instance).asset_graph
-    scattered = keys[0:12:2]
-    instance.add_backfill(
-        PartitionBackfill.from_asset_partitions(
-            backfill_id="ui",
-            asset_graph=graph,
-            partition_names=scattered,
-            asset_selection=ANALYSIS_KEYS,
-            backfill_timestamp=time.time(),
-            tags={},
-            dynamic_partitions_store=instance,
-            all_partitions=False,
-            title=None,
-            description=None,
-            run_config=None,
-        )
-    )
-    read_by_the_daemon = instance.get_backfill("ui")
-    assert read_by_the_daemon is not None
-    assert [p.backfill_id for p in plan_new_backfills(instance, graph, DEFAULT_SITE, None)[0]] == [
-        "ui"
-    ]
-    ours = instance.get_backfill("ui")
-    assert ours is not None
+    scattered, read_by_the_daemon, ours = planned_after_the_daemon_read_it(instance, monkeypatch)
 
     target = InProcessWorkspaceLoadTarget(
         InProcessCodeLocationOrigin(
