@@ -17,10 +17,21 @@ nightly schedule — finds them as Dagster shows them.
 Only documents the store says nobody has finished or taken over since are marked: PENDING or
 QUEUED, or FAILED or DEAD_LETTER by this very run. A document COMPLETED, RUNNING elsewhere or
 failed by another run keeps the status that run gives it.
+
+A run of the product's size has thousands of documents, five planned events each. They are written
+``EVENTS_PER_WRITE`` at a time in one transaction (``grouped_writes``, where the storage has it), and
+a tick of the reconcile sensor stops after the run that takes it past ``DOCUMENTS_PER_TICK``
+documents (the next tick goes on from there). Written event by event, the 12,500 events of one
+failed run of 2,500 took minutes on a busy SQLite event log: the tick outlived the daemon's wait
+for it, so it never moved its cursor, and the code server the daemon starts every minute began the
+same run again while the earlier ones went on writing it (seen at 100,000 documents: fifteen code
+servers, every event written twice).
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,23 +48,25 @@ from ai_pipeline.store import Store
 
 ENDED = [dg.DagsterRunStatus.FAILURE]
 RUNS_PER_TICK = 50
+# Planned events per transaction: about a run worker's group (50 documents, nine events each).
+EVENTS_PER_WRITE = 500
+# A tick ends after the run that takes its marked documents past this.
+DOCUMENTS_PER_TICK = 5_000
 _UNTOUCHED = frozenset({State.PENDING, State.QUEUED})
 _FAILED = frozenset({State.FAILED, State.DEAD_LETTER})
 
 
 @dataclass(frozen=True)
-class RunEnds:
-    """The analysis runs that failed after ``cursor``, and the cursor after them."""
+class RunEnd:
+    """A run that ended FAILURE, and the cursor once it is marked (its update time, ISO 8601)."""
 
-    runs: list[dg.DagsterRun]
-    cursor: str | None
+    run: dg.DagsterRun
+    cursor: str
 
 
-def ended_runs(
-    instance: dg.DagsterInstance, cursor: str | None, site: Site = DEFAULT_SITE
-) -> RunEnds:
-    """The next analysis runs (at most ``RUNS_PER_TICK``) that ended FAILURE after the run update
-    time ``cursor`` (ISO 8601), oldest first."""
+def ended_runs(instance: dg.DagsterInstance, cursor: str | None) -> list[RunEnd]:
+    """The next runs (at most ``RUNS_PER_TICK``) that ended FAILURE after the run update time
+    ``cursor`` (ISO 8601), oldest first."""
     records = instance.get_run_records(
         filters=dg.RunsFilter(
             statuses=ENDED, updated_after=datetime.fromisoformat(cursor) if cursor else None
@@ -62,8 +75,7 @@ def ended_runs(
         order_by="update_timestamp",
         ascending=True,
     )
-    runs = [r.dagster_run for r in records if _analyses(r.dagster_run, site)]
-    return RunEnds(runs, records[-1].update_timestamp.isoformat() if records else cursor)
+    return [RunEnd(r.dagster_run, r.update_timestamp.isoformat()) for r in records]
 
 
 def _analyses(run: dg.DagsterRun, site: Site) -> bool:
@@ -112,17 +124,18 @@ def mark_unfinished(
     materialized = instance.get_asset_partitions_for_run(
         run.run_id, dg.DagsterEventType.ASSET_MATERIALIZATION
     )
-    step_key = site.op
-    marked: set[str] = set()
+    missing: list[tuple[dg.AssetKey, str]] = []
     for asset_key in site.keys:
         if run.asset_selection is None or asset_key not in run.asset_selection:
             continue
         done = set(planned.get(asset_key, ())) | set(materialized.get(asset_key, ()))
-        for document_id in unfinished:
-            if document_id not in done:
-                report_planned_materialization(instance, run, step_key, asset_key, document_id)
-                marked.add(document_id)
-    return sorted(marked)
+        missing.extend((asset_key, d) for d in unfinished if d not in done)
+    grouped = getattr(instance.event_log_storage, "grouped_writes", contextlib.nullcontext)
+    for start in range(0, len(missing), EVENTS_PER_WRITE):
+        with grouped():
+            for asset_key, document_id in missing[start : start + EVENTS_PER_WRITE]:
+                report_planned_materialization(instance, run, site.op, asset_key, document_id)
+    return sorted({document_id for _, document_id in missing})
 
 
 def mark_failed_runs(
@@ -147,7 +160,17 @@ def mark_failed_runs(
 def mark_ended_runs(
     instance: dg.DagsterInstance, store: Store, cursor: str | None, site: Site = DEFAULT_SITE
 ) -> tuple[dict[str, list[str]], str | None]:
-    """``mark_unfinished`` for ``site``'s analysis runs that ended after ``cursor``: the documents
-    marked by run id, and the new cursor."""
-    ends = ended_runs(instance, cursor, site)
-    return mark_failed_runs(instance, store, ends.runs, site), ends.cursor
+    """``mark_unfinished`` for ``site``'s analysis runs that ended after ``cursor``, up to the one
+    that takes the documents marked past ``DOCUMENTS_PER_TICK``: the documents marked by run id,
+    and the cursor after the last run looked at."""
+    marked: dict[str, list[str]] = {}
+    ends = ended_runs(instance, cursor)
+    for end, following in itertools.zip_longest(ends, ends[1:]):
+        marked.update(mark_failed_runs(instance, store, [end.run], site))
+        cursor = end.cursor
+        # Not between two runs of the same update time: the next tick asks for later ones only
+        # (SQLite's run storage keeps whole seconds).
+        same_time = following is not None and following.cursor == end.cursor
+        if sum(map(len, marked.values())) >= DOCUMENTS_PER_TICK and not same_time:
+            break
+    return marked, cursor
