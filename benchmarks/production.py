@@ -90,9 +90,10 @@ def process_stats() -> dict[int, tuple[str, list[str]]]:
 
 class ProcessWatch:
     """Samples, twice a second, every process below this one: the CPU seconds each has used (its
-    last sample counts; a process that ends between two samples loses at most half a second) and
-    the peak resident memory of the run workers (the code server starts each as a
-    ``multiprocessing`` spawn child; ``dagster api execute_run`` under other launchers)."""
+    last sample counts; a process that ends between two samples loses at most half a second), what
+    it is (by its last command line), and the peak resident memory of the run workers (the code
+    server starts each as a ``multiprocessing`` spawn child; ``dagster api execute_run`` under
+    other launchers)."""
 
     def __init__(self) -> None:
         self.cpu: dict[int, float] = {}
@@ -146,8 +147,12 @@ class ProcessWatch:
                     continue
                 self.cpu[pid] = (int(fields[11]) + int(fields[12])) / self._tick
                 try:
-                    if pid not in self.kind:
-                        self.kind[pid] = self._kind(Path(f"/proc/{pid}/cmdline").read_bytes())
+                    # Asked at every sample: a child forked by the code server (or the daemon)
+                    # has its parent's command line until it execs its own (and an exited one
+                    # none at all).
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    if cmdline:
+                        self.kind[pid] = self._kind(cmdline)
                     if self.kind[pid] == "run workers":
                         rss_kib = int(fields[21]) * os.sysconf("SC_PAGE_SIZE") // 1024
                         self.peak_worker_kib = max(self.peak_worker_kib, rss_kib)
