@@ -36,6 +36,39 @@ def test_dynamic_partition_keys_follow_every_writer(tmp_path: Path) -> None:
     writer.dispose()
 
 
+def test_partition_keys_are_read_while_another_thread_holds_the_write_lock(tmp_path: Path) -> None:
+    """The daemon's threads that create runs each read the partition keys for every planned
+    event: the read does not wait for the lock the process's event-log writes hold (a group of
+    them holds it for its whole transaction), and still sees what another writer added."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    storage = EngineReusingSqliteEventLogStorage(str(tmp_path))
+    writer = EngineReusingSqliteEventLogStorage(str(tmp_path))
+    writer.add_dynamic_partitions("documents", ["a", "b"])
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:
+        with storage._db_lock:
+            held.set()
+            release.wait(30)
+
+    with ThreadPoolExecutor(2) as pool:
+        holder = pool.submit(hold_the_lock)
+        assert held.wait(10)
+        try:
+            read = pool.submit(storage.get_dynamic_partitions, "documents")
+            assert read.result(timeout=10) == ["a", "b"]
+            writer.add_dynamic_partitions("documents", ["c"])
+            read = pool.submit(storage.get_dynamic_partitions, "documents")
+            assert read.result(timeout=10) == ["a", "b", "c"]
+        finally:
+            release.set()
+        holder.result()
+    storage.dispose()
+    writer.dispose()
+
+
 def test_planned_checks_are_dagsters_rows_each_with_its_own_partitions_event(
     tmp_path: Path,
 ) -> None:
