@@ -51,6 +51,7 @@ one anyway.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -336,6 +337,22 @@ class WritesRemembered:
 
 # The key of the cross-run index database among a group's connections (Dagster's SQLite shard name).
 INDEX = "index"
+
+
+# Events Dagster buffers per batch before it hands them to ``store_event_batch``; a run's planned
+# events (one per asset and check, a dozen) are one batch.
+EVENT_BATCH_SIZE = 100
+
+
+def batch_planned_events() -> None:
+    """Have Dagster write the planned events of each run it creates as one batch, where the
+    deployment has not chosen otherwise (``DAGSTER_EVENT_BATCH_SIZE``, read by every
+    ``DagsterInstance`` of the process when it handles an event; unset, every event is written
+    alone). The SQLite storage writes a batch as one group, one transaction: written one by one,
+    each took the event log's write lock again, and with four runs writing their documents'
+    events the daemon's run creation waited so long for it, nine times, that at 100,000 documents
+    runs stayed NOT_STARTED past the 120 s after which Dagster's run monitoring fails them."""
+    os.environ.setdefault("DAGSTER_EVENT_BATCH_SIZE", str(EVENT_BATCH_SIZE))
 
 
 class Group:

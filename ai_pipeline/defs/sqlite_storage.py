@@ -84,6 +84,7 @@ from ai_pipeline.defs.event_log import (
     EventsSerializedOnce,
     GroupedWrites,
     WritesRemembered,
+    batch_planned_events,
 )
 
 ENGINES = 32
@@ -121,6 +122,7 @@ class EngineReusingSqliteEventLogStorage(
         self._partition_keys: dict[str, tuple[tuple[int, int, str | None], list[str]]] = {}
         self._partition_keys_lock = threading.Lock()
         super().__init__(base_dir, inst_data=inst_data)
+        batch_planned_events()
 
     @classmethod
     def config_type(cls) -> Any:
@@ -192,6 +194,13 @@ class EngineReusingSqliteEventLogStorage(
                 self._store_asset_event(conn, event, event_id)
         if kind == DagsterEventType.ASSET_CHECK_EVALUATION:
             self.store_asset_check_event(event, event_id)
+
+    def store_event_batch(self, events: Sequence[Any]) -> None:
+        """A batch Dagster hands over (the planned events of a run it creates:
+        ``batch_planned_events``), in one group."""
+        with self.grouped_writes():
+            for event in events:
+                self.store_event(event)
 
     def _ready(self, shard: str) -> Engine:
         engine = self._engine(shard)

@@ -3,9 +3,12 @@ added or deleted through another storage (another process) are seen at the next 
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
+from dagster._core.events import AssetMaterializationPlannedData
 
 from ai_pipeline.defs.sqlite_storage import EngineReusingSqliteEventLogStorage
 
@@ -67,6 +70,56 @@ def test_partition_keys_are_read_while_another_thread_holds_the_write_lock(tmp_p
         holder.result()
     storage.dispose()
     writer.dispose()
+
+
+def test_a_runs_planned_events_are_one_batch_written_in_one_transaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The storage has Dagster batch a run's planned events (``DAGSTER_EVENT_BATCH_SIZE``, unless
+    the deployment set it), and writes a batch in one transaction: a batch whose last event fails
+    leaves none of them (Dagster then writes them one by one)."""
+    import dagster as dg
+    from dagster._core.events import DagsterEvent
+    from dagster._core.events.log import EventLogEntry
+
+    monkeypatch.delenv("DAGSTER_EVENT_BATCH_SIZE", raising=False)
+    storage = EngineReusingSqliteEventLogStorage(str(tmp_path))
+    assert os.environ["DAGSTER_EVENT_BATCH_SIZE"] == "100"
+    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", "7")
+    EngineReusingSqliteEventLogStorage(str(tmp_path)).dispose()
+    assert os.environ["DAGSTER_EVENT_BATCH_SIZE"] == "7"
+
+    def planned(key: str) -> EventLogEntry:
+        event = DagsterEvent.build_asset_materialization_planned_event(
+            "__ASSET_JOB", "analyse", AssetMaterializationPlannedData(dg.AssetKey(key))
+        )
+        return EventLogEntry(
+            error_info=None,
+            level="debug",
+            user_message="",
+            run_id="r1",
+            timestamp=time.time(),
+            dagster_event=event,
+        )
+
+    store_event = storage.store_event
+    written: list[str] = []
+
+    def failing_third(event: EventLogEntry) -> None:
+        if len(written) == 2:
+            raise RuntimeError("the disk is full")
+        store_event(event)
+        written.append(event.dagster_event.asset_key.to_user_string())  # type: ignore[union-attr]
+
+    monkeypatch.setattr(storage, "store_event", failing_third)
+    with pytest.raises(RuntimeError):
+        storage.store_event_batch([planned("a"), planned("b"), planned("c")])
+    assert written == ["a", "b"]
+    assert storage.get_logs_for_run("r1") == []
+    monkeypatch.setattr(storage, "store_event", store_event)
+    storage.store_event_batch([planned("a"), planned("b"), planned("c")])
+    assert len(storage.get_logs_for_run("r1")) == 3
+    storage.dispose()
 
 
 def test_planned_checks_are_dagsters_rows_each_with_its_own_partitions_event(
