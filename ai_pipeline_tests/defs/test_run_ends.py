@@ -3,13 +3,15 @@ number per reconcile tick (``ai_pipeline.defs.run_ends``)."""
 
 from __future__ import annotations
 
-import time
 import uuid
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import pytest
+import sqlalchemy as sa
+from dagster._core.storage.runs.schema import RunsTable
 
 from ai_pipeline.defs import run_ends
 from ai_pipeline.defs.jobs import RANGE_END_TAG, RANGE_START_TAG
@@ -38,6 +40,15 @@ def _failed_run(instance: dg.DagsterInstance, documents: list[str]) -> dg.Dagste
     )
     instance.add_run(run)
     return run
+
+
+def _ended_at(instance: dg.DagsterInstance, run: dg.DagsterRun, at: datetime) -> None:
+    """Set a run's update time (what the reconcile sensor's cursor follows)."""
+    storage: Any = instance.run_storage
+    with storage.connect() as conn:
+        conn.execute(
+            sa.update(RunsTable).where(RunsTable.c.run_id == run.run_id).values(update_timestamp=at)
+        )
 
 
 def _groups_of_planned_events(
@@ -100,31 +111,26 @@ def test_a_failed_runs_documents_are_marked_in_a_few_transactions(
 
 
 def test_a_tick_stops_after_the_run_that_takes_it_past_its_documents(
-    backend: str, instance: dg.DagsterInstance, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    instance: dg.DagsterInstance, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Four failed runs of 20 documents, at most 30 documents a tick: the first tick marks two
-    runs and leaves its cursor after the second; the next one marks the rest from there. Runs
-    that ended in the same second (SQLite's run storage keeps whole seconds; here the second and
-    third) are not split between two ticks, where the second would ask for later ones only."""
+    """Four failed runs of 20 documents, at most 30 documents a tick: the first tick marks runs
+    until it is past 30 documents and leaves its cursor after the last; the next one marks the
+    rest from there. The second and third ended in the same second (SQLite's run storage keeps
+    whole seconds), so they are not split between two ticks, where the second would ask for
+    later runs only: the first tick marks three."""
     monkeypatch.setattr(run_ends, "DOCUMENTS_PER_TICK", 30)
     documents = _documents(instance, tmp_path / "inbox", 80)
-    runs = [_failed_run(instance, documents[:20])]
-    time.sleep(2 - time.time() % 1)  # the second and third at the start of the same second
-    runs += [_failed_run(instance, documents[i : i + 20]) for i in (20, 40)]
-    time.sleep(1.05)
-    runs.append(_failed_run(instance, documents[60:]))
+    runs = [_failed_run(instance, documents[i : i + 20]) for i in (0, 20, 40, 60)]
+    at = datetime(2026, 12, 6, 12, 0, 0)
+    for run, seconds in zip(runs, (0, 1, 1, 2), strict=True):
+        _ended_at(instance, run, at + timedelta(seconds=seconds))
     store = results_store()
 
-    ended = {r.dagster_run.run_id: r.update_timestamp for r in instance.get_run_records()}
-    # The first two make 40 documents; the third goes with them if it ended in the same second.
-    together = 3 if ended[runs[2].run_id] == ended[runs[1].run_id] else 2
-    assert together == 3 or backend == "postgres"  # whole seconds on SQLite
-
     first, cursor = run_ends.mark_ended_runs(instance, store, None)
-    assert list(first) == [r.run_id for r in runs[:together]]
-    assert failed_in_dagster(instance, documents) == set(documents[: 20 * together])
+    assert list(first) == [r.run_id for r in runs[:3]]
+    assert failed_in_dagster(instance, documents) == set(documents[:60])
 
-    second, last = run_ends.mark_ended_runs(instance, store, cursor)
-    assert list(second) == [r.run_id for r in runs[together:]]
+    second_tick, last = run_ends.mark_ended_runs(instance, store, cursor)
+    assert list(second_tick) == [runs[3].run_id]
     assert failed_in_dagster(instance, documents) == set(documents)
     assert run_ends.mark_ended_runs(instance, store, last) == ({}, last)
