@@ -9,7 +9,9 @@ Helpers that test modules import are in ``ai_pipeline_tests.support``.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,9 +124,43 @@ def pg_test_database_url(pg_skip_reason: str | None) -> Iterator[str]:
         dbs.drop_all()
 
 
-def write_instance_yaml(home: Path, backend: str, dbs: PostgresDatabases | None) -> None:
+@pytest.fixture(scope="session")
+def sqlite_instance_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DAGSTER_HOME on the checkout's ``dagster.yaml`` whose instance was created once for this
+    process (the xdist worker): its run, schedule and event-log index databases, checkpointed.
+
+    Creating an instance's SQLite storage (every table and index, the alembic stamps, Dagster's
+    marks of its data migrations) took about an eighth of an in-process test's CPU (py-spy over the
+    category, notification, review and asset tests), and a process the test starts pays it when it
+    is the first to open the instance. A copy of these files is the same storage (only
+    ``instance_info``'s random id is shared); a test about creating it asks for
+    ``@pytest.mark.fresh_instance``.
+    """
+    import dagster as dg
+
+    home = tmp_path_factory.mktemp("instance_template")
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DAGSTER_HOME", str(home))
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            instance.get_runs(limit=1)
+    for path in home.rglob("*.db"):
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return home
+
+
+def write_instance_yaml(
+    home: Path, backend: str, dbs: PostgresDatabases | None, template: Path | None = None
+) -> None:
+    """The checkout's ``dagster.yaml`` (SQLite: with ``template``'s databases copied in) or one
+    on a new PostgreSQL database."""
     if backend == "sqlite":
         shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+        for path in template.rglob("*.db") if template else ():
+            copy = home / path.relative_to(template)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, copy)
         return
     assert dbs is not None
     name = dbs.create("dagster")
@@ -141,7 +177,10 @@ def dagster_home(
     home = tmp_path / "dagster_home"
     home.mkdir()
     dbs = request.getfixturevalue("postgres_databases") if backend == "postgres" else None
-    write_instance_yaml(home, backend, dbs)
+    template = None
+    if backend == "sqlite" and request.node.get_closest_marker("fresh_instance") is None:
+        template = request.getfixturevalue("sqlite_instance_template")
+    write_instance_yaml(home, backend, dbs, template)
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     # Tests write their inbox and process it at once; the ones about settling set their own.
     monkeypatch.setenv("AI_PIPELINE_SETTLE_SECONDS", "0")

@@ -229,6 +229,7 @@ def test_api_key_never_in_output_or_metadata(
 
 
 @pytest.mark.slow
+@pytest.mark.fresh_instance
 def test_first_commands_at_once_on_a_fresh_instance(
     dagster_home: Path, simulator, tmp_path: Path
 ) -> None:
