@@ -150,20 +150,46 @@ def sqlite_instance_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
+@pytest.fixture(scope="session")
+def postgres_instance_template(
+    pg_skip_reason: str | None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The PostgreSQL counterpart of ``sqlite_instance_template``: a database holding the schema
+    of an instance created once for this process, which each test's Dagster database copies
+    (``CREATE DATABASE … TEMPLATE``)."""
+    import dagster as dg
+
+    if pg_skip_reason:
+        skip_or_fail(pg_skip_reason)
+    dbs = PostgresDatabases()
+    try:
+        name = dbs.create("template")
+        home = tmp_path_factory.mktemp("postgres_instance_template")
+        (home / "dagster.yaml").write_text(
+            instance_yaml_on_postgres(PG_HOST, PG_PORT, name, PG_USER)
+        )
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            instance.get_runs(limit=1)
+        yield name
+    finally:
+        dbs.drop_all()
+
+
 def write_instance_yaml(
-    home: Path, backend: str, dbs: PostgresDatabases | None, template: Path | None = None
+    home: Path, backend: str, dbs: PostgresDatabases | None, template: Path | str | None = None
 ) -> None:
-    """The checkout's ``dagster.yaml`` (SQLite: with ``template``'s databases copied in) or one
-    on a new PostgreSQL database."""
+    """The checkout's ``dagster.yaml`` (SQLite: with the databases of the ``template`` folder
+    copied in) or one on a new PostgreSQL database (a copy of the ``template`` database)."""
     if backend == "sqlite":
         shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-        for path in template.rglob("*.db") if template else ():
-            copy = home / path.relative_to(template)
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, copy)
+        if isinstance(template, Path):
+            for path in template.rglob("*.db"):
+                copy = home / path.relative_to(template)
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, copy)
         return
     assert dbs is not None
-    name = dbs.create("dagster")
+    name = dbs.create("dagster", template if isinstance(template, str) else None)
     (home / "dagster.yaml").write_text(instance_yaml_on_postgres(PG_HOST, PG_PORT, name, PG_USER))
 
 
@@ -178,8 +204,8 @@ def dagster_home(
     home.mkdir()
     dbs = request.getfixturevalue("postgres_databases") if backend == "postgres" else None
     template = None
-    if backend == "sqlite" and request.node.get_closest_marker("fresh_instance") is None:
-        template = request.getfixturevalue("sqlite_instance_template")
+    if request.node.get_closest_marker("fresh_instance") is None:
+        template = request.getfixturevalue(f"{backend}_instance_template")
     write_instance_yaml(home, backend, dbs, template)
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     # Tests write their inbox and process it at once; the ones about settling set their own.

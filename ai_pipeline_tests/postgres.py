@@ -53,12 +53,24 @@ class PostgresDatabases:
         self.engine = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
         self.created: list[str] = []
 
-    def create(self, purpose: str) -> str:
-        """A new database; a commit there returns before its WAL reaches the disk (the shared
-        server is never crashed under a test, and the tests that stop a server own theirs)."""
+    def create(self, purpose: str, template: str | None = None) -> str:
+        """A new database, empty or a copy of ``template``; a commit there returns before its WAL
+        reaches the disk (the shared server is never crashed under a test, and the tests that
+        stop a server own theirs)."""
         name = f"aip_{purpose}_{uuid.uuid4().hex[:10]}"
         with self.engine.connect() as conn:
-            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+            if template is None:
+                conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+            else:
+                # PostgreSQL copies a template only while nobody is connected to it.
+                conn.execute(
+                    sa.text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE datname = :name AND pid <> pg_backend_pid()"
+                    ),
+                    {"name": template},
+                )
+                conn.execute(sa.text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
             conn.execute(sa.text(f'ALTER DATABASE "{name}" SET synchronous_commit TO off'))
         self.created.append(name)
         return name
