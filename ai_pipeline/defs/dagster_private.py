@@ -30,6 +30,11 @@ Each has no public equivalent in that release; when Dagster changes, this is the
   overrides ``SqlEventLogStorage._store_asset_check_evaluation_planned``, whose body it mirrors).
   ``AssetKeyTable``, ``ASSET_KEY_INDEX_COLS``: an asset's row, which the production event log upserts with a statement
   built once (``ai_pipeline.defs.pg_storage``; it mirrors dagster-postgres's ``_store_asset_event``).
+- ``AssetEventSummaryRecord`` (with ``SqlEventLogStorageTable`` and ``db_select``): the records
+  of ``get_asset_event_summary_records``, which both event logs build themselves with each row's
+  asset key parsed once (``ai_pipeline.defs.event_log.SummaryKeysParsedOnce``; it mirrors
+  ``SqlEventLogStorage.get_asset_event_summary_records`` and uses its ``_get_assets_details`` and
+  ``index_connection``, so check that body when Dagster changes).
 - ``pg_config``: the configuration schema of dagster-postgres's storage, which the production
   instance's pooled storage (``ai_pipeline.defs.pg_storage``) extends; that module also replaces
   each dagster-postgres storage's ``_engine`` (check ``_connect`` there when dagster-postgres
@@ -84,6 +89,7 @@ from dagster._core.scheduler.instigation import InstigatorType
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.config import pg_config
 from dagster._core.storage.defs_state.base import set_defs_state_storage
+from dagster._core.storage.event_log.base import AssetEventSummaryRecord
 from dagster._core.storage.event_log.migration import ASSET_KEY_INDEX_COLS
 from dagster._core.storage.event_log.schema import (
     AssetCheckExecutionsTable,
@@ -160,6 +166,7 @@ __all__ = [
     "AssetCheckExecutionsTable",
     "AssetKeyTable",
     "ASSET_KEY_INDEX_COLS",
+    "AssetEventSummaryRecord",
     "AssetCheckExecutionRecordStatus",
     "serialize_value",
     "DefaultPartitionsSubset",

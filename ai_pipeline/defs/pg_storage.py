@@ -67,6 +67,7 @@ from ai_pipeline.defs.event_log import (
     EventsSerializedOnce,
     Group,
     GroupedWrites,
+    SummaryKeysParsedOnce,
     WritesRemembered,
     too_many_check_rows,
 )
@@ -219,6 +220,7 @@ class _AssetRowsBuiltOnce:
 
 class PooledPostgresEventLogStorage(
     GroupedWrites,
+    SummaryKeysParsedOnce,
     CheckRowsPerDocument,
     EventsSerializedOnce,
     WritesRemembered,

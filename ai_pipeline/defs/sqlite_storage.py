@@ -83,6 +83,7 @@ from ai_pipeline.defs.event_log import (
     CheckRowsPerDocument,
     EventsSerializedOnce,
     GroupedWrites,
+    SummaryKeysParsedOnce,
     WritesRemembered,
     batch_planned_events,
 )
@@ -106,6 +107,7 @@ class _WatchdogOnWal(SqliteEventLogStorageWatchdog):
 
 class EngineReusingSqliteEventLogStorage(
     GroupedWrites,
+    SummaryKeysParsedOnce,
     CheckRowsPerDocument,
     EventsSerializedOnce,
     WritesRemembered,
