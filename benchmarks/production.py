@@ -21,7 +21,7 @@ run; its time is reported as a share of the first pass. ``--peer-documents`` run
 path (``AI_PIPELINE_BACKFILL_RUN_SIZE=1``) and reports the ratio of seconds per document.
 
     python benchmarks/production.py [--documents 1000] [--latency-ms 1000] [--concurrency 16]
-        [--runs 4] [--run-size N] [--backend sqlite|postgres] [--dagster-postgres-storage]
+        [--runs 4] [--run-size N] [--backfill-documents N] [--backend sqlite|postgres] [--dagster-postgres-storage]
         [--peer-documents 0] [--no-compile] [--ui-timeout S] [--json]
 
 The checkout's package is compiled to bytecode first, as an installed one is
@@ -445,6 +445,8 @@ def one_pass(
         )
     if run_size is not None:
         env["AI_PIPELINE_BACKFILL_RUN_SIZE"] = str(run_size)
+    if args.backfill_documents is not None:
+        env["AI_PIPELINE_BACKFILL_DOCUMENTS"] = str(args.backfill_documents)
     if not args.per_partition_planned_events:
         env.setdefault("DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS", "1")
 
@@ -503,6 +505,7 @@ def one_pass(
     return {
         "documents": n,
         "run_size": run_size or "unset (the product's choice)",
+        "backfill_documents": args.backfill_documents or "unset (the product's choice)",
         "succeeded": out["succeeded"],
         "backfill_status": out.get("status"),
         "wall_seconds": round(wall, 2),
@@ -565,6 +568,13 @@ def main() -> int:
         default=None,
         help="documents per backfill run (AI_PIPELINE_BACKFILL_RUN_SIZE); default: unset, so "
         "the product chooses it from the batch and max_concurrent_runs",
+    )
+    parser.add_argument(
+        "--backfill-documents",
+        type=int,
+        default=None,
+        help="documents per backfill of a batch (AI_PIPELINE_BACKFILL_DOCUMENTS); default: unset, "
+        "the product's 10,000 (e.g. 3000 at 30,000 documents: the ten open backfills of 100,000)",
     )
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--peer-documents", type=int, default=0, help="one run per document")
