@@ -4,12 +4,15 @@
 DAGSTER_HOME) and on PostgreSQL as both the Dagster instance storage and the results database,
 each test with databases of its own, created here and dropped afterwards. Without a reachable
 PostgreSQL the PostgreSQL variants are skipped locally and fail in CI (``ai_pipeline_tests.postgres``).
-Helpers that test modules import are in ``ai_pipeline_tests.support``.
+An instance has Dagster's own storage, as a team's has, unless the test asks for the accelerator
+(``@pytest.mark.accelerated``, or ``accelerated`` parametrized). Helpers that test modules import
+are in ``ai_pipeline_tests.support``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import sqlite3
 from collections.abc import Iterator
@@ -18,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from ai_pipeline.defs.dagster_private import set_dagster_switches
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline_tests.postgres import (
     PG_BIN,
@@ -31,16 +33,29 @@ from ai_pipeline_tests.postgres import (
     unavailable_reason,
 )
 from ai_pipeline_tests.support import (
-    REPO,
+    instance_yaml,
     instance_yaml_on_postgres,
     point_llm_at,
 )
 
-# As the README asks of every Dagster process (CLI, daemon, webserver): one planned event per
-# asset and run, and backfills that wait for a code location failing to load. Daemons and commands
-# the tests start inherit them; the test of per-document FAILED status runs with the first and
-# without.
-set_dagster_switches()
+# Dagster's switches: no test sets one for the product, and the processes the tests start inherit
+# none (the accelerator's storages set theirs in the process that builds them).
+DAGSTER_SWITCHES = (
+    "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS",
+    "DAGSTER_BACKFILL_RETRY_DEFINITION_CHANGED_ERROR",
+    "DAGSTER_EVENT_BATCH_SIZE",
+)
+
+
+@pytest.fixture(autouse=True)
+def no_dagster_switches() -> Iterator[None]:
+    """Each test starts with none of ``DAGSTER_SWITCHES`` set, whatever an accelerated storage a
+    test before it built in this process set."""
+    for name in DAGSTER_SWITCHES:
+        os.environ.pop(name, None)
+    yield
+    for name in DAGSTER_SWITCHES:
+        os.environ.pop(name, None)
 
 
 def _read_migrations_once() -> None:
@@ -124,22 +139,20 @@ def pg_test_database_url(pg_skip_reason: str | None) -> Iterator[str]:
         dbs.drop_all()
 
 
-@pytest.fixture(scope="session")
-def sqlite_instance_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A DAGSTER_HOME on the checkout's ``dagster.yaml`` whose instance was created once for this
-    process (the xdist worker): its run, schedule and event-log index databases, checkpointed.
+@pytest.fixture
+def accelerated(request: pytest.FixtureRequest) -> bool:
+    """Whether the test's instance uses the accelerator: ``@pytest.mark.accelerated``, or the
+    parameter of ``@pytest.mark.parametrize("accelerated", [False, True], indirect=True)``."""
+    param = getattr(request, "param", None)
+    if param is not None:
+        return bool(param)
+    return request.node.get_closest_marker("accelerated") is not None
 
-    Creating an instance's SQLite storage (every table and index, the alembic stamps, Dagster's
-    marks of its data migrations) was about a seventh of the py-spy samples of the in-process
-    category, notification, review and asset tests, and copying these files instead saved 4 % of
-    their CPU; a process the test starts paid it when it was the first to open the instance. A
-    copy is the same storage (only ``instance_info``'s random id is shared); a test about creating
-    it asks for ``@pytest.mark.fresh_instance``.
-    """
+
+def _sqlite_template(home: Path, accelerated: bool) -> Path:
     import dagster as dg
 
-    home = tmp_path_factory.mktemp("instance_template")
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    (home / "dagster.yaml").write_text(instance_yaml(accelerated=accelerated))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DAGSTER_HOME", str(home))
         with dg.DagsterInstance.from_config(str(home)) as instance:
@@ -151,12 +164,29 @@ def sqlite_instance_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def postgres_instance_template(
-    pg_skip_reason: str | None, tmp_path_factory: pytest.TempPathFactory
+def sqlite_instance_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DAGSTER_HOME on Dagster's own SQLite storage whose instance was created once for this
+    process (the xdist worker): its run, schedule and event-log index databases, checkpointed.
+
+    Creating an instance's SQLite storage (every table and index, the alembic stamps, Dagster's
+    marks of its data migrations) was about a seventh of the py-spy samples of the in-process
+    category, notification, review and asset tests, and copying these files instead saved 4 % of
+    their CPU; a process the test starts paid it when it was the first to open the instance. A
+    copy is the same storage (only ``instance_info``'s random id is shared); a test about creating
+    it asks for ``@pytest.mark.fresh_instance``.
+    """
+    return _sqlite_template(tmp_path_factory.mktemp("instance_template"), accelerated=False)
+
+
+@pytest.fixture(scope="session")
+def sqlite_accelerated_instance_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``sqlite_instance_template`` on the accelerator's storage (the checkout's dagster.yaml)."""
+    return _sqlite_template(tmp_path_factory.mktemp("accelerated_template"), accelerated=True)
+
+
+def _postgres_template(
+    tmp_path_factory: pytest.TempPathFactory, pg_skip_reason: str | None, accelerated: bool
 ) -> Iterator[str]:
-    """The PostgreSQL counterpart of ``sqlite_instance_template``: a database holding the schema
-    of an instance created once for this process, which each test's Dagster database copies
-    (``CREATE DATABASE … TEMPLATE``)."""
     import dagster as dg
 
     if pg_skip_reason:
@@ -166,7 +196,7 @@ def postgres_instance_template(
         name = dbs.create("template")
         home = tmp_path_factory.mktemp("postgres_instance_template")
         (home / "dagster.yaml").write_text(
-            instance_yaml_on_postgres(PG_HOST, PG_PORT, name, PG_USER)
+            instance_yaml_on_postgres(PG_HOST, PG_PORT, name, PG_USER, accelerated=accelerated)
         )
         with dg.DagsterInstance.from_config(str(home)) as instance:
             instance.get_runs(limit=1)
@@ -175,13 +205,37 @@ def postgres_instance_template(
         dbs.drop_all()
 
 
+@pytest.fixture(scope="session")
+def postgres_instance_template(
+    pg_skip_reason: str | None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The PostgreSQL counterpart of ``sqlite_instance_template``: a database holding the schema
+    of an instance created once for this process, which each test's Dagster database copies
+    (``CREATE DATABASE … TEMPLATE``)."""
+    yield from _postgres_template(tmp_path_factory, pg_skip_reason, accelerated=False)
+
+
+@pytest.fixture(scope="session")
+def postgres_accelerated_instance_template(
+    pg_skip_reason: str | None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """``postgres_instance_template`` made through the accelerator's storage."""
+    yield from _postgres_template(tmp_path_factory, pg_skip_reason, accelerated=True)
+
+
 def write_instance_yaml(
-    home: Path, backend: str, dbs: PostgresDatabases | None, template: Path | str | None = None
+    home: Path,
+    backend: str,
+    dbs: PostgresDatabases | None,
+    template: Path | str | None = None,
+    *,
+    accelerated: bool = False,
 ) -> None:
-    """The checkout's ``dagster.yaml`` (SQLite: with the databases of the ``template`` folder
-    copied in) or one on a new PostgreSQL database (a copy of the ``template`` database)."""
+    """The checkout's ``dagster.yaml`` with Dagster's own storage (or, ``accelerated``, the
+    accelerator's): on SQLite with the databases of the ``template`` folder copied in, or on a new
+    PostgreSQL database (a copy of the ``template`` database)."""
     if backend == "sqlite":
-        shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+        (home / "dagster.yaml").write_text(instance_yaml(accelerated=accelerated))
         if isinstance(template, Path):
             for path in template.rglob("*.db"):
                 copy = home / path.relative_to(template)
@@ -190,12 +244,18 @@ def write_instance_yaml(
         return
     assert dbs is not None
     name = dbs.create("dagster", template if isinstance(template, str) else None)
-    (home / "dagster.yaml").write_text(instance_yaml_on_postgres(PG_HOST, PG_PORT, name, PG_USER))
+    (home / "dagster.yaml").write_text(
+        instance_yaml_on_postgres(PG_HOST, PG_PORT, name, PG_USER, accelerated=accelerated)
+    )
 
 
 @pytest.fixture
 def dagster_home(
-    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+    tmp_path: Path,
+    backend: str,
+    accelerated: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> Iterator[Path]:
     """A fresh DAGSTER_HOME (and results database) on the test's backend."""
     from ai_pipeline.store import dispose_stores
@@ -205,8 +265,9 @@ def dagster_home(
     dbs = request.getfixturevalue("postgres_databases") if backend == "postgres" else None
     template = None
     if request.node.get_closest_marker("fresh_instance") is None:
-        template = request.getfixturevalue(f"{backend}_instance_template")
-    write_instance_yaml(home, backend, dbs, template)
+        kind = "_accelerated" if accelerated else ""
+        template = request.getfixturevalue(f"{backend}{kind}_instance_template")
+    write_instance_yaml(home, backend, dbs, template, accelerated=accelerated)
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     # Tests write their inbox and process it at once; the ones about settling set their own.
     monkeypatch.setenv("AI_PIPELINE_SETTLE_SECONDS", "0")

@@ -15,7 +15,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
 from dagster._core.events.log import EventLogEntry
 
-from ai_pipeline.defs.dagster_private import (
+from ai_pipeline.accelerator.internals import (
     AssetCheckExecutionsTable,
     AssetKeyTable,
     SqlEventLogStorageTable,

@@ -153,12 +153,21 @@ def own_simulator(
         yield server
 
 
+def instance_yaml(*, accelerated: bool = False) -> str:
+    """The checkout's dagster.yaml (which turns the accelerator on), or without the accelerator's
+    storage sections: Dagster's own SQLite storage, as a team's instance has it."""
+    from ai_pipeline.accelerator.sqlite import without_sqlite_storage
+
+    text = (REPO / "dagster.yaml").read_text()
+    return text if accelerated else without_sqlite_storage(text)
+
+
 def instance_yaml_on_postgres(
-    host: str, port: int | str, db_name: str, user: str = "postgres"
+    host: str, port: int | str, db_name: str, user: str = "postgres", *, accelerated: bool = False
 ) -> str:
-    """The checkout's dagster.yaml with the instance's storage on this PostgreSQL database."""
-    from ai_pipeline.defs.pg_storage import storage_yaml
-    from ai_pipeline.defs.sqlite_storage import without_sqlite_storage
+    """The checkout's dagster.yaml with the instance's storage on this PostgreSQL database:
+    dagster-postgres's own (``storage: postgres``), or the accelerator's."""
+    from ai_pipeline.accelerator.postgres import storage_yaml
 
     database = {
         "hostname": host,
@@ -167,11 +176,13 @@ def instance_yaml_on_postgres(
         "username": user,
         "scheme": "postgresql+psycopg2",
     }
-    return (
-        without_sqlite_storage((REPO / "dagster.yaml").read_text())
-        + "\n"
-        + storage_yaml(postgres_db=database)
-    )
+    if accelerated:
+        storage = storage_yaml(postgres_db=database)
+    else:
+        storage = "storage:\n  postgres:\n    postgres_db:\n" + "".join(
+            f"      {key}: {value}\n" for key, value in database.items()
+        )
+    return instance_yaml() + "\n" + storage
 
 
 def compute_log(instance: dg.DagsterInstance, run_id: str) -> str:

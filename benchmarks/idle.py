@@ -77,11 +77,8 @@ def cpu_seconds(root_pid: int) -> dict[str, float]:
 def daemon_of(checkout: Path, home: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A ``dagster-daemon`` of ``checkout`` on ``home``, running the code location's sensors;
     stopped (its process group) after."""
-    from ai_pipeline.defs.dagster_private import DAGSTER_SWITCHES
-
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AI_PIPELINE_", "DAGSTER_"))}
     env.update(
-        DAGSTER_SWITCHES,
         DAGSTER_HOME=str(home),
         PYTHONPATH=os.pathsep.join(p for p in (str(checkout), env.get("PYTHONPATH")) if p),
         AI_PIPELINE_DATABASE_URL=f"sqlite:///{home / 'ai_pipeline.sqlite'}",

@@ -32,7 +32,7 @@ def main() -> int:
 
     import dagster as dg
 
-    from ai_pipeline.defs.pg_storage import storage_yaml
+    from ai_pipeline.accelerator.postgres import storage_yaml
 
     admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
     names = {kind: f"aip_events_{kind}_{uuid.uuid4().hex[:8]}" for kind in ("dagster", "pooled")}

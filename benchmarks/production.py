@@ -425,7 +425,7 @@ def one_pass(
     )
     pg_url, drop = pg_database() if args.backend == "postgres" else (None, None)
     (home / "dagster.yaml").write_text(
-        instance_yaml(args.runs, pg_url, pooled=not args.dagster_postgres_storage), encoding="utf-8"
+        instance_yaml(args.runs, pg_url, accelerated=not args.stock), encoding="utf-8"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("AI_PIPELINE_")}
     env.update(
@@ -447,8 +447,6 @@ def one_pass(
         env["AI_PIPELINE_BACKFILL_RUN_SIZE"] = str(run_size)
     if args.backfill_documents is not None:
         env["AI_PIPELINE_BACKFILL_DOCUMENTS"] = str(args.backfill_documents)
-    if not args.per_partition_planned_events:
-        env.setdefault("DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS", "1")
 
     def submit(*extra: str) -> subprocess.CompletedProcess[str]:
         argv = ["submit", str(inbox), "--batch", name, "--wait", "--json", *extra]
@@ -579,15 +577,10 @@ def main() -> int:
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--peer-documents", type=int, default=0, help="one run per document")
     parser.add_argument(
-        "--per-partition-planned-events",
+        "--stock",
         action="store_true",
-        help="leave DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS unset (Dagster's default)",
-    )
-    parser.add_argument(
-        "--dagster-postgres-storage",
-        action="store_true",
-        help="with --backend postgres: dagster-postgres's storage (a connection per call) instead "
-        "of the pooled one of deploy/dagster.yaml",
+        help="Dagster's own storage (SQLite, or dagster-postgres's storage: postgres) instead of "
+        "the accelerator's of dagster.yaml and deploy/dagster.yaml",
     )
     parser.add_argument(
         "--analysis",
@@ -618,9 +611,8 @@ def main() -> int:
     report: dict[str, Any] = {
         **report_header(),
         "llm_bound_docs_per_second": limit,
-        "instance_storage": "sqlite"
-        if args.backend == "sqlite"
-        else ("dagster-postgres" if args.dagster_postgres_storage else "pooled postgres"),
+        "instance_storage": f"{args.backend}, "
+        + ("Dagster's own" if args.stock else "accelerated"),
     }
     root = Path(tempfile.mkdtemp(prefix="aip-prod-"))
     if not args.no_compile:

@@ -27,7 +27,7 @@ from event_writes import alternate_rounds, finish, new_report, parse_args  # noq
 
 PROJECT_SECTION = (
     "event_log_storage:\n"
-    "  module: ai_pipeline.defs.sqlite_storage\n"
+    "  module: ai_pipeline.accelerator.sqlite\n"
     "  class: EngineReusingSqliteEventLogStorage\n"
     "  config:\n"
     "    base_dir: {home}/storage\n"

@@ -215,11 +215,6 @@ def configure(
     os.environ["OPENAI_BASE_URL"] = simulator_url
     os.environ["OPENAI_API_KEY"] = API_KEY
     os.environ["AI_PIPELINE_MODEL"] = MODEL
-    # As the ai-pipeline commands do: one planned event per asset and run (unless set otherwise)
-    # and backfills that outlive a code location failing to load for a moment.
-    from ai_pipeline.defs.dagster_private import set_dagster_switches
-
-    set_dagster_switches()
     # The inbox is written just before the pass: no file may wait out the settle time.
     os.environ["AI_PIPELINE_SETTLE_SECONDS"] = "0"
     os.environ["AI_PIPELINE_LLM_CONCURRENCY"] = str(concurrency)
@@ -228,24 +223,29 @@ def configure(
 
 
 def instance_yaml(
-    max_concurrent_runs: int | None = None, pg_url: str | None = None, *, pooled: bool = True
+    max_concurrent_runs: int | None = None,
+    pg_url: str | None = None,
+    *,
+    accelerated: bool = True,
 ) -> str:
-    """The checkout's dagster.yaml, with another run queue size, or on PostgreSQL (its SQLite
-    event-log section then left out: Dagster refuses both) through the pooled storage of
-    ``deploy/dagster.yaml`` or, with ``pooled=False``, dagster-postgres's own."""
+    """The checkout's dagster.yaml (the accelerator on), with another run queue size, or on
+    PostgreSQL through the accelerator's pooled storage of ``deploy/dagster.yaml``; with
+    ``accelerated=False``, Dagster's own storage (SQLite, or ``storage: postgres``)."""
+    from ai_pipeline.accelerator.sqlite import without_sqlite_storage
+
     text = (REPO / "dagster.yaml").read_text(encoding="utf-8")
     if max_concurrent_runs is not None:
         text = re.sub(
             r"max_concurrent_runs: \d+", f"max_concurrent_runs: {max_concurrent_runs}", text
         )
-    if pg_url:
-        from ai_pipeline.defs.sqlite_storage import without_sqlite_storage
-
+    if pg_url or not accelerated:
+        # Dagster refuses a storage section beside the SQLite ones.
         text = without_sqlite_storage(text)
+    if pg_url:
         # psycopg2 by name: SQLAlchemy 2.1 maps postgresql:// to psycopg 3 (see deploy/dagster.yaml).
         url = pg_url.replace("postgresql://", "postgresql+psycopg2://", 1)
-        if pooled:
-            from ai_pipeline.defs.pg_storage import storage_yaml
+        if accelerated:
+            from ai_pipeline.accelerator.postgres import storage_yaml
 
             text += "\n" + storage_yaml(postgres_url=url)
         else:
@@ -283,11 +283,7 @@ def background(
 @contextmanager
 def dagster_daemon(env: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A real ``dagster-daemon`` on the project's workspace, stopped (its process group) after."""
-    from ai_pipeline.defs.dagster_private import BACKFILL_WAITS_FOR_CODE_SWITCH
-
     argv = [_beside_python("dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")]
-    # As the README asks of a deployment's daemon (ai_pipeline.defs.dagster_private).
-    env = {BACKFILL_WAITS_FOR_CODE_SWITCH: "1", **env}
     with background(argv, env, log_path) as daemon:
         yield daemon
 

@@ -65,12 +65,10 @@ def instance() -> dg.DagsterInstance:
 
     import dagster as dg
 
-    from ai_pipeline.defs.dagster_private import set_dagster_switches
     from ai_pipeline.settings import Settings
     from ai_pipeline.store import open_store
 
     home = ensure_dagster_home()
-    set_dagster_switches()
     with open(home / ".ai_pipeline.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         inst = dg.DagsterInstance.get()

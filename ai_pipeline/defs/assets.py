@@ -6,12 +6,12 @@ backfills alike; a single document is a range of one) and analyses its documents
 outputs, so instead, per document and stage, the step reports a materialization once that
 stage's checkpoint is durable, and a check evaluation for each check of the LLM output: Dagster's
 own events, written for the documents that finished meanwhile in one transaction
-(``defs.event_log.GroupedWrites``), then yielded. If
+(``grouped_writes``, where the storage has it), then yielded. If
 any document failed, the step ends by raising ``Failure`` listing each failed document and its
 category: Dagster then shows FAILED for exactly those documents, from the stage that failed on.
-When run creation wrote one planned event per asset rather than one per
-document (``DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS``), the step first writes the failed
-documents' per-partition planned events itself (``_mark_failed``), which that status rests on.
+Where run creation wrote one planned event per asset rather than one per
+document (the accelerator's event log), the step first writes the failed documents'
+per-partition planned events (``_mark_failed``), which that status rests on.
 
 ``failure_report`` reads every document's results row through the results IO manager and reports
 counts by state and category, failures by day, tokens and cost.
@@ -28,16 +28,18 @@ import dagster as dg
 
 from ai_pipeline import tracing
 from ai_pipeline.batch import run_batch_groups
-from ai_pipeline.defs.checks import check_evaluations, check_specs
-from ai_pipeline.defs.dagster_private import (
+from ai_pipeline.defs.acceleration import (
     planned_events_per_partition,
     report_planned_materialization,
 )
+from ai_pipeline.defs.backfills import REPLACED_TAG
+from ai_pipeline.defs.checks import check_evaluations, check_specs
 from ai_pipeline.defs.io_managers import ResultsIOManager
 from ai_pipeline.defs.jobs import DOCUMENTS_PER_BACKFILL_RUN
 from ai_pipeline.defs.logs import run_log
 from ai_pipeline.defs.openai_batches import VIA_TAG, batch_jobs
 from ai_pipeline.defs.partitions import NAMED_DOCUMENTS, named_by
+from ai_pipeline.defs.replan import left_to_replans, planned_by_dagster, replan_backfill
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.defs.runs import run_is_over
 from ai_pipeline.defs.site import ANALYSIS_TAG, DEFAULT_SITE, Site
@@ -45,7 +47,7 @@ from ai_pipeline.engine import Analyser
 from ai_pipeline.intake import BATCH_TAG
 from ai_pipeline.notify import Notifier
 from ai_pipeline.openai_batch.operations import submit as submit_to_batch_api
-from ai_pipeline.reporting import build_report, chart_png, to_markdown
+from ai_pipeline.reporting import build_report, chart_png, current_task_suffix, to_markdown
 from ai_pipeline.spend import Meter, Prices, run_budgets
 from ai_pipeline.stages import STAGES, Stage, StageDeferred, StageDone, StageFailed
 from ai_pipeline.states import State
@@ -142,14 +144,38 @@ def _analyse(
     # documents): the others are left as they are, no call and no event.
     named = named_by(context.op_execution_context.op_config)
     document_ids = sorted(k for k in context.partition_keys if named is None or k in named)
+    store = results_store.get()
     tracing.configure_from_env()
     config = settings.resolve()
+    backfill_id = planned_by_dagster(context.run, site)
+    if backfill_id is not None:
+        # A run of a backfill that Dagster planned: the documents none of its runs has begun go
+        # in fewer runs (the backfill planner sensor requests them), before this one's work.
+        policy = context.assets_def.backfill_policy
+        replaced = replan_backfill(
+            context.instance,
+            store,
+            site,
+            current_task_suffix(config, store.analysis),
+            backfill_id,
+            (policy.max_partitions_per_run if policy else None) or DOCUMENTS_PER_BACKFILL_RUN,
+        )
+        if replaced is not None:
+            context.log.info(replaced.describe())
+    left = left_to_replans(store, context.run, document_ids)
+    if left:
+        context.log.info(
+            f"{len(left)} of this run's documents were taken by a replan of its backfill: they "
+            "are analysed in the replan's runs, not here"
+        )
+        document_ids = [d for d in document_ids if d not in left]
+        if not document_ids and REPLACED_TAG not in context.run.tags:
+            context.instance.add_run_tags(context.run.run_id, {REPLACED_TAG: "replan"})
     notifier = None
     if config.webhook_url:
         notifier = Notifier(config.webhook_url)
     else:
         context.log.info("no webhook configured (AI_PIPELINE_WEBHOOK_URL): no notices sent")
-    store = results_store.get()
     budgets = run_budgets(
         store,
         context.run.tags,
@@ -342,10 +368,10 @@ def _mark_failed(
     selected = context.selected_asset_keys
     for document_id, failure in sorted(failed.items()):
         for stage in STAGES[STAGES.index(failure.stage) :]:
-            if site.key(stage) in selected:
-                report_planned_materialization(
-                    context.instance, context.run, step_key, site.key(stage), document_id
-                )
+            if site.key(stage) in selected and not report_planned_materialization(
+                context.instance, context.run, step_key, site.key(stage), document_id
+            ):
+                return
 
 
 def _report(

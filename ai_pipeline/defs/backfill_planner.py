@@ -1,29 +1,16 @@
-"""Backfills the UI creates, planned as the CLI plans its own.
+"""Backfills the UI creates, planned as the command line plans its own, before Dagster does.
 
-The UI's "Materialize… → Failed → Launch backfill" creates an asset backfill that Dagster's
-backfill daemon plans on its next loop: its ``BackfillPolicy`` cuts only *contiguous* partitions
-into runs, so 50 failures scattered over 1,000 documents become 50 runs of one document, each
-paying a run's start (about 6 s of two cores here). The backfill planner sensor looks at every
-backfill created since its last tick and, when the UI's backfill targets this analysis's stages
-only and Dagster would make more runs of it than ``backfills.plan_runs`` does, plans its runs as
-``ai-pipeline backfill --failed`` does (``backfills.with_planned_runs``): runs of the product's
-run size whatever the documents' positions, each naming its documents, so that the documents of
-a range it does not name cost no call and no event. The sensor then starts the first wave of
-those runs at once (``start_runs.start_planned_runs``, as ``submit`` and ``backfill`` do), and the
-daemon submits the rest as it resumes a backfill whose runs it had planned.
-
-The plan is written only if the backfill is still as it was read (``dagster_private.
-replace_backfill``): when the daemon's loop got to it first, the backfill keeps Dagster's plan
-(one run per stretch of contiguous documents), never both plans. The other way round, a daemon
-iteration that read the backfill before the plan was written would write its own plan over it and
-submit its runs too; the project's run storages refuse that write (``backfill_writes``). The sensor ticks every
-``PLANNER_INTERVAL_SECONDS``, the daemon's backfill loop every 30 s, so a UI backfill is planned
-here unless it was created in the few seconds before that loop's next pass.
+With the accelerator (``ai_pipeline.defs.acceleration``), the backfill planner sensor looks at
+every backfill created since its last tick and, when it targets this analysis's stages only and
+Dagster would make more runs of it, writes the product's plan into it (runs of the run size
+wherever the documents are, each naming its documents) by compare and set, and starts the first
+wave at once. The accelerated run storage refuses a stale plan from the daemon, so a backfill runs
+under one plan, never two. Without the accelerator nothing is written here; the runs Dagster
+plans are re-planned while queued (``ai_pipeline.defs.replan``).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,18 +18,9 @@ from typing import Any
 
 import dagster as dg
 
-from ai_pipeline.defs.backfills import (
-    BACKFILL_TAG,
-    plan_runs,
-    planned_run_size,
-    with_planned_runs,
-)
-from ai_pipeline.defs.dagster_private import (
-    BulkActionsFilter,
-    BulkActionStatus,
-    PartitionBackfill,
-    replace_backfill,
-)
+from ai_pipeline.defs.acceleration import BackfillAcceleration
+from ai_pipeline.defs.backfills import BACKFILL_TAG, plan_runs, planned_run_size
+from ai_pipeline.defs.dagster_private import BulkActionsFilter, BulkActionStatus, PartitionBackfill
 from ai_pipeline.defs.site import Site
 from ai_pipeline.intake import contiguous_ranges
 
@@ -86,7 +64,11 @@ def documents_of(backfill: PartitionBackfill, site: Site) -> tuple[list[dg.Asset
 
 
 def plan(
-    instance: dg.DagsterInstance, asset_graph: Any, backfill: PartitionBackfill, site: Site
+    instance: dg.DagsterInstance,
+    asset_graph: Any,
+    backfill: PartitionBackfill,
+    site: Site,
+    acceleration: BackfillAcceleration,
 ) -> tuple[PartitionBackfill, Planned] | None:
     """``backfill`` with its runs planned, and what the plan is, when it is a UI backfill this
     planner plans (``documents_of``) and Dagster would make more runs of it; else None."""
@@ -101,18 +83,21 @@ def plan(
     dagsters = len(contiguous_ranges(documents, ordered, most))
     if ours >= dagsters:
         return None
-    planned = with_planned_runs(
+    planned = acceleration.plan_backfill(
         instance, asset_graph, backfill, documents, site, run_size, asset_keys=stages
     )
     return planned, Planned(backfill.backfill_id, len(documents), ours, dagsters)
 
 
 def plan_new_backfills(
-    instance: dg.DagsterInstance, asset_graph: Any, site: Site, cursor: str | None
-) -> tuple[list[Planned], str | None]:
-    """Plan every UI backfill created since ``cursor`` that ``plan`` plans, each only if it is
-    still unplanned when written; what was planned, and the cursor to keep."""
-    since = json.loads(cursor)["created"] if cursor else None
+    instance: dg.DagsterInstance,
+    asset_graph: Any,
+    site: Site,
+    since: float | None,
+    acceleration: BackfillAcceleration,
+) -> tuple[list[Planned], float | None]:
+    """Plan every UI backfill created after the time ``since`` that ``plan`` plans, each only if
+    it is still unplanned when written; what was planned, and the time to look after next."""
     filters = BulkActionsFilter(
         statuses=[BulkActionStatus.REQUESTED],
         created_after=datetime.fromtimestamp(since, UTC) if since else None,
@@ -123,15 +108,14 @@ def plan_new_backfills(
         made: list[Planned] = []
 
         def change(stored: PartitionBackfill, made: list[Planned] = made) -> Any:
-            result = plan(instance, asset_graph, stored, site)
+            result = plan(instance, asset_graph, stored, site, acceleration)
             if result is None:
                 return None
             made.append(result[1])
             return result[0]
 
-        if documents_of(backfill, site)[1] and replace_backfill(
+        if documents_of(backfill, site)[1] and acceleration.replace_backfill(
             instance, backfill.backfill_id, change
         ):
             planned.extend(made)
-    latest = max((b.backfill_timestamp for b in backfills), default=since)
-    return planned, json.dumps({"created": latest}) if latest is not None else cursor
+    return planned, max((b.backfill_timestamp for b in backfills), default=since)

@@ -1,35 +1,21 @@
 """Failed-only backfills: which documents a rerun can fix, and a real Dagster backfill for them.
 
-Dagster reruns whole partitions and cannot select by failure reason; we can. A document is picked
-when Dagster shows it FAILED (or our store does), and its category says a rerun can help: by default
-the categories that need a person (input quality, model refusals and schema problems, hallucination,
-business rejection) are left out, and so are DEAD_LETTER documents (their retry budget spent) until
-``ai-pipeline requeue`` puts them back, and documents a reviewer rejected.
+A document is picked when Dagster shows it FAILED (or the store does) and its category says a
+rerun can help: the categories that need a person, DEAD_LETTER documents (until ``ai-pipeline
+requeue``) and those a reviewer rejected are left out; BUDGET_REACHED ones only in a launch that
+carries a budget (a rerun without one would spend what the budget refused).
 
-BUDGET_REACHED documents were stopped by a budget, so a rerun without one would spend what that
-budget refused: no automatic retry (the nightly schedule, ``backfill --failed``) picks them. They
-continue in a launch that carries a budget — the batch submitted again with a larger one, or
-``backfill --failed --category BUDGET_REACHED --budget-tokens/--budget-usd``.
-
-The backfill is a real one: it shows on the UI's Backfills page and the daemon runs it;
-checkpoints make every rerun free of repeated LLM calls. Its runs are planned here, not by
-Dagster: Dagster's ``BackfillPolicy`` cuts only *contiguous* partitions into runs, so 50 failures
-scattered over 1,000 documents would become 50 runs of one document, each paying a run's start.
-``plan_runs`` takes the selected documents in partition order, up to the run size
-(``planned_run_size``: enough that the runs fill the run queue's slots in one wave, unless
-``AI_PIPELINE_BACKFILL_RUN_SIZE`` says otherwise) per run whatever their position: each run's
-range spans its documents and its config names them (``ai_pipeline.defs.partitions``), so the
-documents of the range it does not name cost nothing — no call, no event, their status unchanged.
-The backfill is handed to the daemon with those runs to submit and every target partition counted as
-requested (the state Dagster's own daemon writes before it submits the runs it planned), so the
-daemon submits exactly them, follows their materializations and failures, and ends the backfill as
-it does its own. (The backfill's page counts the unnamed documents of a range among its requested
-partitions; each document's own status, under the asset, is exact.)
+The backfill is a real one: the UI's Backfills page shows it and the daemon runs it. With the
+accelerator its runs are planned here (``plan_runs``: runs of the run size wherever the documents
+are, each naming its documents); on Dagster's own storage Dagster plans them and the backfill
+planner re-plans those still queued (``ai_pipeline.defs.replan``). Checkpoints make every rerun
+free of repeated LLM calls.
 """
 
 from __future__ import annotations
 
 import hashlib
+import secrets
 import string
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -39,14 +25,11 @@ from typing import Any
 
 import dagster as dg
 
+from ai_pipeline.defs.acceleration import backfill_acceleration
 from ai_pipeline.defs.dagster_private import (
-    AUTO_RETRY_RUN_ID_TAG,
     BULK_ACTION_TERMINAL_STATUSES,
-    WILL_RETRY_TAG,
     BulkActionStatus,
     PartitionBackfill,
-    make_new_backfill_id,
-    make_new_run_id,
 )
 from ai_pipeline.defs.jobs import DOCUMENTS_PER_BACKFILL_RUN, range_tags
 from ai_pipeline.defs.partitions import naming_config
@@ -58,6 +41,10 @@ from ai_pipeline.store import Store
 from ai_pipeline.store.rows import DocumentRow
 
 BACKFILL_TAG = "ai_pipeline/backfill"
+
+# The tags Dagster's run retries put on a failed run: whether it will be retried, and its retry.
+WILL_RETRY_TAG = "dagster/will_retry"
+AUTO_RETRY_RUN_ID_TAG = "dagster/auto_retry_run_id"
 
 
 @dataclass(frozen=True)
@@ -159,6 +146,11 @@ def _skip_reason(
     return None
 
 
+def new_backfill_id() -> str:
+    """A new backfill id: eight random lower-case letters, like Dagster's own."""
+    return "".join(secrets.choice(string.ascii_lowercase) for _ in range(8))
+
+
 def backfill_id_for(name: str) -> str:
     """A deterministic backfill id (eight lower-case letters, like Dagster's own) for a name."""
     digest = hashlib.sha256(name.encode("utf-8")).digest()
@@ -255,44 +247,6 @@ def run_request_for(
     )
 
 
-def with_planned_runs(
-    instance: dg.DagsterInstance,
-    asset_graph: Any,
-    backfill: Any,
-    document_ids: Sequence[str],
-    site: Site,
-    run_size: int | None = None,
-    asset_keys: Sequence[dg.AssetKey] = (),
-) -> Any:
-    """``backfill`` handed to the daemon with its runs planned (``plan_runs``) in runs of
-    ``run_size`` (None: ``planned_run_size``) of ``asset_keys`` (none: all of the analysis's)
-    and their checks: the daemon submits them as it resumes a backfill whose runs it had
-    planned, and plans none itself."""
-    keys = instance.get_dynamic_partitions(site.partitions)
-    run_size = run_size or planned_run_size(instance, len(document_ids))
-    position = {key: i for i, key in enumerate(keys)}
-    selected = list(asset_keys or site.keys)
-    check_keys = list(asset_graph.get_check_keys_for_assets(set(selected)))
-    requests = [
-        run_request_for(run, position, selected, check_keys, site.op)
-        for run in plan_runs(document_ids, keys, run_size)
-    ]
-    data = backfill.asset_backfill_data
-    # The daemon counts the materializations stored after this cursor as the backfill's progress,
-    # and none at all while it is None; a backfill whose roots are requested gets it only at the
-    # end of the daemon's next loop. On an empty event log (the first batch of an instance) it
-    # would be None, and runs that all ended before that loop would leave every document without
-    # a status: the daemon marks them failed and the backfill COMPLETED_FAILED. 0 counts them all.
-    data = (
-        data.replace_requested_subset(data.target_subset)
-        .with_requested_runs_for_target_roots(True)
-        .with_latest_storage_id(instance.event_log_storage.get_maximum_record_id() or 0)
-    )
-    return backfill.with_asset_backfill_data(
-        data, dynamic_partitions_store=instance, asset_graph=asset_graph
-    ).with_submitting_run_requests(requests, [make_new_run_id() for _ in requests])
-
-
 def launch_backfill(
     instance: dg.DagsterInstance,
     asset_graph: Any,
@@ -307,14 +261,15 @@ def launch_backfill(
 ) -> str:
     """Create an asset backfill of the analysis assets (and ``include``) for these documents; the
     daemon runs it. ``asset_graph`` is the code location's (``repository_def.asset_graph``).
-    Without ``include``, its runs are planned here (``plan_runs``): as many as the run size
-    needs (``run_size``, or ``planned_run_size``), wherever the documents are; with it, Dagster
-    plans them.
+    With the accelerator and without ``include``, its runs are planned here (``plan_runs``): as
+    many as the run size needs (``run_size``, or ``planned_run_size``), wherever the documents
+    are; else Dagster plans them, and the backfill planner sensor re-plans those still queued
+    (``ai_pipeline.defs.replan``).
 
     Returns the backfill id; when ``backfill_id`` names an existing backfill nothing new is made
     (a retried schedule tick must not launch twice).
     """
-    backfill_id = backfill_id or make_new_backfill_id()
+    backfill_id = backfill_id or new_backfill_id()
     if instance.get_backfill(backfill_id) is not None:
         return backfill_id
     backfill = PartitionBackfill.from_asset_partitions(
@@ -330,8 +285,11 @@ def launch_backfill(
         description=f"{len(document_ids)} documents",
         run_config=None,
     )
-    if not include:
-        backfill = with_planned_runs(instance, asset_graph, backfill, document_ids, site, run_size)
+    acceleration = backfill_acceleration(instance)
+    if acceleration is not None and not include:
+        backfill = acceleration.plan_backfill(
+            instance, asset_graph, backfill, document_ids, site, run_size
+        )
     instance.add_backfill(backfill)
     return backfill_id
 
@@ -342,6 +300,8 @@ def backfill_ended(backfill: Any) -> bool:
 
 # The tag Dagster puts on every run a backfill launches.
 DAGSTER_BACKFILL_TAG = "dagster/backfill"
+# The tag of a queued run the backfill planner replaced by others (``ai_pipeline.defs.replan``).
+REPLACED_TAG = "ai_pipeline/replaced_by"
 
 
 def settled_status(
@@ -356,7 +316,12 @@ def settled_status(
         return None
     if not ended_in([r.run_id for r in runs]):
         return None
-    succeeded = all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
+    # A run the backfill planner replaced while it was queued has its documents in other runs.
+    succeeded = all(
+        r.status == dg.DagsterRunStatus.SUCCESS
+        or (r.status == dg.DagsterRunStatus.CANCELED and REPLACED_TAG in r.tags)
+        for r in runs
+    )
     return (
         BulkActionStatus.COMPLETED_SUCCESS if succeeded else BulkActionStatus.COMPLETED_FAILED
     ).value

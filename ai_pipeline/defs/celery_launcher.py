@@ -21,7 +21,6 @@ from dagster_celery.launcher import CeleryRunLauncher
 from dagster_celery.tags import DAGSTER_CELERY_TASK_ID_TAG
 
 from ai_pipeline.defs.celery_worker import beating
-from ai_pipeline.defs.dagster_private import run_health
 
 # How long a worker has to answer a ping: its main process answers while its pool runs runs.
 PING_SECONDS = 5.0
@@ -45,8 +44,9 @@ class LivenessCheckingCeleryRunLauncher(CeleryRunLauncher):
             # No reply, but the run beats: its worker is draining (a warm shutdown answers no
             # ping), and the run goes on.
             return result
-        return run_health(
-            "FAILED",
+        # The result and status types of the base class's answer (Dagster 1.13 exports neither).
+        return type(result)(
+            type(result.status).FAILED,
             f"Celery worker {worker} does not answer (no reply in {PING_SECONDS:g} s): its host "
             "is taken for lost",
         )

@@ -8,6 +8,7 @@ so the evaluations carry the partition themselves.
 
 from __future__ import annotations
 
+import typing
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -15,8 +16,18 @@ from typing import Any
 import dagster as dg
 
 from ai_pipeline.declaration import CheckOutcome
-from ai_pipeline.defs.dagster_private import AssetCheckEvaluationTargetMaterializationData
 from ai_pipeline.defs.site import DEFAULT_SITE, Site
+
+
+def _target_type() -> Any:
+    """The type of ``AssetCheckEvaluation``'s documented ``target_materialization_data``
+    argument, which dagster 1.13 does not export: read from the public class's annotation."""
+    hint = typing.get_type_hints(dg.AssetCheckEvaluation)["target_materialization_data"]
+    return next(t for t in typing.get_args(hint) if t is not type(None))
+
+
+# Which materialization a check evaluation is about (storage id, run id, timestamp).
+TargetMaterialization = _target_type()
 
 CHECK_NAMES = ("refusal", "schema", "confidence", "grounding")
 
@@ -49,25 +60,21 @@ CHECK_SPECS = check_specs(DEFAULT_SITE)
 CHECKED_ASSET = DEFAULT_SITE.checked_key
 
 
-def _target(
-    instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition: str
-) -> AssetCheckEvaluationTargetMaterializationData | None:
+def _target(instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition: str) -> Any:
     """The materialization a check evaluation of one partition is about (the UI needs it): the
-    one this process just stored when the storage remembers it (``defs.event_log``), else the
+    one this process just stored when the storage remembers it (the accelerator), else the
     latest in the event log."""
     remembered = getattr(instance.event_log_storage, "latest_materialization", None)
     latest = remembered(asset_key, partition) if remembered is not None else None
     if latest is not None:
         storage_id, run_id, timestamp = latest
-        return AssetCheckEvaluationTargetMaterializationData(
-            storage_id=storage_id, run_id=run_id, timestamp=timestamp
-        )
+        return TargetMaterialization(storage_id=storage_id, run_id=run_id, timestamp=timestamp)
     records = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[partition]), limit=1
     ).records
     if not records:
         return None
-    return AssetCheckEvaluationTargetMaterializationData(
+    return TargetMaterialization(
         storage_id=records[0].storage_id,
         run_id=records[0].event_log_entry.run_id,
         timestamp=records[0].timestamp,

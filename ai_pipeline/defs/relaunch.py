@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ai_pipeline.defs.acceleration import backfill_acceleration
 from ai_pipeline.defs.backfills import plan_failed_backfill
 from ai_pipeline.defs.chunks import (
     Chunk,
@@ -27,7 +28,6 @@ from ai_pipeline.defs.chunks import (
     split,
 )
 from ai_pipeline.defs.launch import Launcher, failure_of
-from ai_pipeline.defs.start_runs import start_planned_runs
 from ai_pipeline.documents import display_path
 from ai_pipeline.errors import InputError
 from ai_pipeline.failures import Category
@@ -308,7 +308,11 @@ def _backfills(
             f"of at most {max(len(c.document_ids) for c in chunks)}: "
             + ", ".join(b.backfill_id for b in launched)
         )
-    started = start_planned_runs(
+    acceleration = backfill_acceleration(launcher.instance)
+    if acceleration is None:
+        launcher.progress("the daemon plans and starts their runs on its next loop (up to 30 s)")
+        return launched
+    started = acceleration.start_planned_runs(
         launcher.instance, [b.backfill_id for b in launched], launcher.site
     )
     if started:

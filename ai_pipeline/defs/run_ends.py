@@ -1,8 +1,7 @@
 """A failed analysis run's unfinished documents, shown FAILED in Dagster.
 
-With one planned event per asset and run (``DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS``),
-the analysis step writes the per-partition planned events of the documents it saw fail
-(``ai_pipeline.defs.assets``). A run that fails before its step ends — its worker killed, its
+With one planned event per asset and run (the accelerator's event log), the analysis step writes
+the per-partition planned events of the documents it saw fail (``ai_pipeline.defs.assets``). A run that fails before its step ends — its worker killed, its
 launch failed, the machine lost — writes none, so its unfinished documents would not be FAILED in
 Dagster and ``backfill --failed`` would not see those it never started (they are still PENDING or
 QUEUED in the store: no run claimed them). ``mark_unfinished`` writes, in the ended run,
@@ -38,7 +37,7 @@ from datetime import datetime
 
 import dagster as dg
 
-from ai_pipeline.defs.dagster_private import report_planned_materialization
+from ai_pipeline.defs.acceleration import report_planned_materialization
 from ai_pipeline.defs.jobs import RANGE_END_TAG, RANGE_START_TAG
 from ai_pipeline.defs.partitions import named_in
 from ai_pipeline.defs.site import DEFAULT_SITE, Site
@@ -134,7 +133,10 @@ def mark_unfinished(
     for start in range(0, len(missing), EVENTS_PER_WRITE):
         with grouped():
             for asset_key, document_id in missing[start : start + EVENTS_PER_WRITE]:
-                report_planned_materialization(instance, run, site.op, asset_key, document_id)
+                if not report_planned_materialization(
+                    instance, run, site.op, asset_key, document_id
+                ):
+                    return sorted({d for _, d in missing[:start]})
     return sorted({document_id for _, document_id in missing})
 
 

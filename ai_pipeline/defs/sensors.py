@@ -9,26 +9,32 @@ nothing. Its interval is read when the code location loads (``AI_PIPELINE_SENSOR
 the sensor is built by ``build_inbox_sensor`` in ``ai_pipeline.definitions``.
 """
 
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
 
+from ai_pipeline.defs.acceleration import backfill_acceleration, names_documents
 from ai_pipeline.defs.backfill_planner import PLANNER_INTERVAL_SECONDS, plan_new_backfills
 from ai_pipeline.defs.backfills import backfill_ended, run_size_for
-from ai_pipeline.defs.jobs import range_run_request
-from ai_pipeline.defs.missed_retries import retry_missed
+from ai_pipeline.defs.jobs import DOCUMENTS_PER_BACKFILL_RUN, range_run_request
 from ai_pipeline.defs.partitions import missing_partitions, naming_config
+from ai_pipeline.defs.replan import (
+    release_missed_retries,
+    replan_open_backfills,
+    replan_requests,
+)
 from ai_pipeline.defs.resources import PipelineSettings, ResultsStore
 from ai_pipeline.defs.run_ends import mark_ended_runs
 from ai_pipeline.defs.schedules import NIGHTLY_TAG
 from ai_pipeline.defs.site import ANALYSIS_TAG, DEFAULT_SITE, Site
-from ai_pipeline.defs.start_runs import start_planned_runs
 from ai_pipeline.documents import display_path
 from ai_pipeline.inbox import InboxCursor, scan_inbox
-from ai_pipeline.intake import batches, register_files, unique_in_order
+from ai_pipeline.intake import batches, contiguous_ranges, register_files, unique_in_order
 from ai_pipeline.reconcile import reconcile
+from ai_pipeline.reporting import current_task_suffix
 from ai_pipeline.review import WEB_REVIEWER
 from ai_pipeline.states import State
 from ai_pipeline.store.rows import ReviewStatus
@@ -161,6 +167,14 @@ def _inbox_tick(
             skip_reason=dg.SkipReason(f"{aliases} files with content already known"),
         )
     store.documents.queue(new_ids)
+    size = run_size_for(context.instance, len(new_ids), config, config.documents_per_run)
+    if names_documents(context.instance):
+        ranges = batches(new_ids, size)
+    else:
+        # A range covers every document of it: partitions another analysis added (shared ones)
+        # go in ranges of their own that hold none of that analysis's documents.
+        ordered = context.instance.get_dynamic_partitions(site.partitions)
+        ranges = contiguous_ranges(shared, ordered, size) + batches(missing, size)
     return dg.SensorResult(
         run_requests=[
             range_run_request(
@@ -170,10 +184,7 @@ def _inbox_tick(
                 # Partitions another analysis added: the range may hold others of its documents.
                 run_config=naming_config(batch, site.op) if shared & set(batch) else None,
             )
-            for batch in batches(
-                new_ids,
-                run_size_for(context.instance, len(new_ids), config, config.documents_per_run),
-            )
+            for batch in ranges
         ],
         dynamic_partitions_requests=[site.partitions_def.build_add_request(missing)]
         if missing
@@ -385,8 +396,16 @@ def _reconcile_tick(
         )
     if cursor != context.cursor:
         context.update_cursor(cursor)
-    for run_id in retry_missed(context.instance, site):
-        context.log.warning(f"run {run_id} failed and Dagster missed its retry: retried now")
+    acceleration = backfill_acceleration(context.instance)
+    if acceleration is not None:
+        for run_id in acceleration.retry_missed(context.instance, site):
+            context.log.warning(f"run {run_id} failed and Dagster missed its retry: retried now")
+    else:
+        for run_id in release_missed_retries(context.instance, site):
+            context.log.warning(
+                f"run {run_id} failed and Dagster missed its retry: its backfill no longer waits "
+                "for it; its documents wait, FAILED and retryable, for backfill --failed"
+            )
     unfinished = sum(map(len, marked.values()))
     return dg.SkipReason(
         f"{len(interrupted)} documents moved out of RUNNING: their run was over; "
@@ -399,31 +418,92 @@ def _reconcile_tick(
 def build_backfill_planner_sensor(site: Site = DEFAULT_SITE) -> dg.SensorDefinition:
     @dg.sensor(
         name=site.name("backfill_planner"),
+        job_name=site.job_name,
         minimum_interval_seconds=PLANNER_INTERVAL_SECONDS,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description="Plans the runs of a backfill launched from the UI (Materialize… → Failed) "
-        "as `ai-pipeline backfill --failed` does: runs of the product's run size whatever the "
-        "documents' positions, not one run per stretch of contiguous documents; and starts "
-        "the first of them at once, not on the backfill daemon's next loop.",
+        description="Runs a backfill's documents in runs of the product's run size whatever "
+        "their positions, not one run per stretch of contiguous documents: the runs Dagster "
+        "planned are replaced while they wait in the queue (and, with the accelerator, a "
+        "backfill launched from the UI is planned before Dagster plans it).",
+        **_resources(site, "settings", "results_store"),
     )
-    def backfill_planner(context: dg.SensorEvaluationContext) -> dg.SkipReason:
-        asset_graph = context.repository_def.asset_graph  # type: ignore[union-attr]
-        planned, cursor = plan_new_backfills(context.instance, asset_graph, site, context.cursor)
-        if cursor != context.cursor:
-            context.update_cursor(cursor)
-        started = start_planned_runs(context.instance, [p.backfill_id for p in planned], site)
-        lines = [
+    def backfill_planner(context: dg.SensorEvaluationContext, **_resources: Any) -> dg.SensorResult:
+        return _planner_tick(
+            context,
+            site,
+            _resource(context, site, "settings"),
+            _resource(context, site, "results_store"),
+        )
+
+    return backfill_planner
+
+
+def _planner_tick(
+    context: dg.SensorEvaluationContext,
+    site: Site,
+    settings: PipelineSettings,
+    results_store: ResultsStore,
+) -> dg.SensorResult:
+    instance = context.instance
+    cursor = json.loads(context.cursor) if context.cursor else {}
+    store = results_store.get()
+    lines = []
+    acceleration = backfill_acceleration(instance)
+    _say_once(context, site, instance, acceleration is not None)
+    asset_graph = context.repository_def.asset_graph  # type: ignore[union-attr]
+    if acceleration is not None:
+        planned, cursor["created"] = plan_new_backfills(
+            instance, asset_graph, site, cursor.get("created"), acceleration
+        )
+        started = acceleration.start_planned_runs(instance, [p.backfill_id for p in planned], site)
+        lines += [
             f"backfill {p.backfill_id}: {p.documents} documents in {p.runs} runs instead of "
             f"Dagster's {p.dagster_runs}"
             for p in planned
         ]
-        for line in lines:
-            context.log.info(line)
         if planned:
             lines.append(f"{started} runs started now, the rest on the daemon's next loop")
-        return dg.SkipReason("; ".join(lines) or "no new backfill to plan")
+    suffix = current_task_suffix(settings.resolve(), store.analysis)
+    policy = asset_graph.get(site.keys[0]).backfill_policy
+    policy_size = (policy.max_partitions_per_run if policy else None) or DOCUMENTS_PER_BACKFILL_RUN
+    for done in replan_open_backfills(instance, store, site, suffix, policy_size):
+        lines.append(done.describe())
+    new, cursor["replans"] = replan_requests(instance, store, site, int(cursor.get("replans", 0)))
+    for line in lines:
+        context.log.info(line)
+    return dg.SensorResult(
+        run_requests=new,
+        cursor=json.dumps(cursor),
+        skip_reason=None if new else dg.SkipReason("; ".join(lines) or "no backfill to plan"),
+    )
 
-    return backfill_planner
+
+_said: set[str] = set()
+
+
+def _say_once(
+    context: dg.SensorEvaluationContext, site: Site, instance: dg.DagsterInstance, fast: bool
+) -> None:
+    """Say in the daemon's log, once per process, which way backfills are planned here."""
+    if site.name("") in _said:
+        return
+    _said.add(site.name(""))
+    if fast:
+        context.log.info(
+            "the accelerator is on: backfills are planned by this package, runs name their "
+            "documents, and a UI backfill is planned before Dagster plans it"
+        )
+    else:
+        context.log.info(
+            "Dagster's own storage: Dagster plans each backfill's runs and this sensor replaces "
+            "those still queued by fewer; "
+            + (
+                "runs name their documents"
+                if names_documents(instance)
+                else "a run covers every document of its range (those done are re-reported "
+                "from their checkpoints, no call)"
+            )
+        )
 
 
 # The product's own code location's (``ai_pipeline.definitions`` builds its own).

@@ -12,6 +12,7 @@ kind of thing stored:
 ``batches``         named sets of documents submitted together
 ``openai_batches``  jobs of OpenAI's Batch API and the state of each task (line) they carry
 ``leases``          which run works on which task now: one owner per task
+``replans``         a backfill's queued runs replaced by fewer, and the runs each took over
 ``call_slots``      the global cap on LLM calls in flight: one slot per call, N slots in all
 ``tasks``           tasks submitted over HTTP and the tenant each belongs to
 ``spend``           the usage and cost of every LLM attempt; budgets reserved before each call
@@ -41,6 +42,7 @@ from ai_pipeline.store.documents import Documents
 from ai_pipeline.store.events import Events
 from ai_pipeline.store.leases import Leases
 from ai_pipeline.store.openai_batches import OpenAIBatches
+from ai_pipeline.store.replans import Replans
 from ai_pipeline.store.results import Results
 from ai_pipeline.store.reviews import Reviews
 from ai_pipeline.store.secrets import Secrets
@@ -77,6 +79,7 @@ class Store:
         self.batches = Batches(self.db)
         self.openai_batches = OpenAIBatches(self.db)
         self.leases = Leases(self.db)
+        self.replans = Replans(self.db)
         self.call_slots = CallSlots(self.db)
         self.tasks = TenantTasks(self.db, self.documents)
         self.spend = Spend(self.db)

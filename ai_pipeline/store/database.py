@@ -17,6 +17,7 @@ recorded twice).
 
 from __future__ import annotations
 
+import importlib.util
 import select
 import threading
 import time
@@ -27,6 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from ai_pipeline.errors import InputError
 from ai_pipeline.failures import Category, ClassifiedError
 from ai_pipeline.store.tables import documents, metadata
 from ai_pipeline.tracing import span
@@ -104,6 +106,11 @@ def make_engine(url: str, *, autocommit: bool = False) -> Engine:
 
         return engine
     timeout_ms = int(IDLE_IN_TRANSACTION_SECONDS * 1000)
+    if importlib.util.find_spec("psycopg2") is None:
+        raise InputError(
+            f"the results database {redact_url(url)} is on PostgreSQL, and its driver is not "
+            "installed: pip install 'ai-pipeline[postgres]'"
+        )
     return ping_when_idle(
         sa.create_engine(
             url,

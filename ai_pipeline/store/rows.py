@@ -295,6 +295,32 @@ class SubmitterMessage:
 
 
 @dataclass(frozen=True)
+class Replan:
+    """Documents of a backfill whose runs Dagster planned, run in fewer runs: each one's
+    documents."""
+
+    seq: int
+    backfill_id: str
+    runs: list[list[str]]
+    named: bool
+    created_at: datetime
+
+    @property
+    def documents(self) -> list[str]:
+        return [d for run in self.runs for d in run]
+
+    @classmethod
+    def from_row(cls, row: Any) -> Replan:
+        return cls(
+            row.seq,
+            row.backfill_id,
+            [list(r) for r in row.runs],
+            bool(row.named),
+            aware(row.created_at),
+        )
+
+
+@dataclass(frozen=True)
 class Batch:
     """A named set of documents submitted together; its id is derived from their ids."""
 

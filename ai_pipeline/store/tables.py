@@ -22,6 +22,8 @@
 - ``tenant_tasks``, ``tenant_uploads``, ``tenant_requests``: tasks submitted over HTTP, whose each
   is, the original bytes of a submitted PDF, and each tenant's requests per minute.
 - ``service_secrets``: secrets every process of a deployment shares (the review forms' signing key).
+- ``replans``, ``replaced_documents``: the documents of a backfill whose runs Dagster planned, run
+  instead in fewer runs (the documents of each new run), and which replan took each document.
 - ``openai_batches``, ``openai_batch_lines``: jobs of OpenAI's Batch API (one per uploaded request
   file: our intent, its file, the remote batch, its status and counts) and each task a job carries
   (its line's state). Not to be confused with ``batches``, named sets of submitted documents.
@@ -217,6 +219,28 @@ batches = sa.Table(
     sa.Column("document_ids", sa.JSON, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+replans = sa.Table(
+    "replans",
+    metadata,
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("backfill_id", sa.String(64), nullable=False, index=True),
+    # The new runs' documents, one list per run, in partition order.
+    sa.Column("runs", sa.JSON, nullable=False),
+    # Whether each new run names its documents (else it covers its whole range).
+    sa.Column("named", sa.Boolean, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+# The documents of a backfill that a replan took: they run in its runs, and in no other of the
+# backfill's (one row each, ever: two replans never take the same document).
+replaced_documents = sa.Table(
+    "replaced_documents",
+    metadata,
+    sa.Column("backfill_id", sa.String(64), primary_key=True),
+    sa.Column("document_id", sa.String(64), primary_key=True),
+    sa.Column("replan", sa.Integer, nullable=False),
 )
 
 leases = sa.Table(

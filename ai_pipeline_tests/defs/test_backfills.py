@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -29,11 +30,13 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from ai_pipeline.accelerator.start_runs import daemon_location
 from ai_pipeline.cli import main
 from ai_pipeline.defs import launch
 from ai_pipeline.defs.assets import ANALYSIS_KEYS, ANALYSIS_RESULTS, LLM_ANALYSIS
 from ai_pipeline.defs.backfills import (
     BACKFILL_TAG,
+    REPLACED_TAG,
     backfill_id_for,
     backfill_run_size,
     documents_settled_status,
@@ -49,11 +52,17 @@ from ai_pipeline.defs.partitions import add_partitions, documents_partitions, na
 from ai_pipeline.defs.resources import ResultsStore
 from ai_pipeline.defs.run_ends import run_documents
 from ai_pipeline.defs.schedules import NIGHTLY_TAG
-from ai_pipeline.defs.start_runs import daemon_location
 from ai_pipeline.intake import batch_key
 from ai_pipeline.reporting import build_report
 from ai_pipeline.states import State
-from ai_pipeline_tests.dagster_procs import DEADLINE_SECONDS, DagsterProcess, running, wait_for
+from ai_pipeline_tests.dagster_procs import (
+    BACKFILL_LOOP_SECONDS,
+    DEADLINE_SECONDS,
+    DagsterProcess,
+    running,
+    wait_for,
+)
+from ai_pipeline_tests.opaque_storage import opaque_run_storage_yaml
 from ai_pipeline_tests.support import (
     STATUS,
     TERMINAL,
@@ -294,15 +303,19 @@ def test_ui_failed_backfill_reruns_only_the_failed_documents(
     assert new_runs and {r.run_id for r in new_runs} == {
         r.run_id for r in backfill_runs(instance, backfill_id)
     }
+    working = working_runs(new_runs)
     assert all(
-        r.status in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE) for r in new_runs
+        r.status in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE) for r in working
     )
-    reran = [k for r in new_runs for k in covered(instance, r)]
-    assert sorted(reran) == sorted(seeded.failed), "each failed document in one run, no other"
-    last_written_by = {
-        i: latest_materialization(instance, ANALYSIS_RESULTS, i).run_id for i in seeded.untouched
-    }
-    assert not set(last_written_by.values()) & {r.run_id for r in new_runs}
+    assert all(r.status != dg.DagsterRunStatus.FAILURE for r in new_runs if r not in working)
+    reran = [k for r in working for k in covered(instance, r) if k in seeded.failed]
+    assert sorted(reran) == sorted(seeded.failed), "each failed document in one run"
+    # A run that covers a completed document between the failed ones (Dagster's own storage: a
+    # run covers its whole range) re-reports it from its checkpoint: no call (counted below).
+    for i in seeded.untouched:
+        answer = latest_materialization(instance, LLM_ANALYSIS, i)
+        if answer.run_id in {r.run_id for r in new_runs}:
+            assert answer.asset_materialization.metadata["from_checkpoint"].value is True
 
     (low,) = seeded.low_confidence
     assert calls(simulator, seeded.ids) == {
@@ -345,6 +358,35 @@ def seed_scattered(
     return seeded, before, last_materialized
 
 
+def working_runs(runs: Sequence[dg.DagsterRun]) -> list[dg.DagsterRun]:
+    """The runs of a backfill that worked on its documents: not those the backfill planner
+    replaced while they were queued."""
+    return [r for r in runs if REPLACED_TAG not in r.tags]
+
+
+def latest_checks(instance: dg.DagsterInstance, ids: Sequence[str]) -> dict[tuple[str, str], Any]:
+    """(check, document) → the status of the latest execution of that check on that document."""
+    latest: dict[tuple[str, str], Any] = {}
+    for spec in CHECK_SPECS:
+        for e in instance.event_log_storage.get_asset_check_execution_history(spec.key, 1000):
+            if e.partition in ids:
+                if os.environ.get("DEBUG_CHECKS") and (spec.name, e.partition) not in latest:
+                    r = instance.get_run_by_id(e.run_id) if e.run_id else None
+                    print(
+                        "LATEST",
+                        spec.name,
+                        e.partition,
+                        e.id,
+                        e.status,
+                        e.run_id,
+                        r and r.status,
+                        r
+                        and {k: v for k, v in r.tags.items() if "ai_pipeline" in k or "range" in k},
+                    )
+                latest.setdefault((spec.name, e.partition), e.status)
+    return latest
+
+
 def assert_only_the_failed_rerun(
     instance: dg.DagsterInstance,
     simulator: Any,
@@ -352,16 +394,30 @@ def assert_only_the_failed_rerun(
     runs: Sequence[dg.DagsterRun],
     before: dict[str, int],
     last_materialized: dict[str, str],
+    *,
+    accelerated: bool,
+    most_runs: int,
 ) -> None:
-    """The rerun's ``runs`` worked on the documents that failed at the network, one call each;
-    the others between them got no call, no materialization and no check execution; every
-    document is COMPLETED here and none FAILED in Dagster."""
-    assert sorted(k for r in runs for k in covered(instance, r)) == sorted(seeded.network)
+    """The rerun's ``runs`` worked on the documents that failed at the network, each in one run
+    (at most ``most_runs`` runs worked), one call each, and the others got no call; every
+    document is COMPLETED here, none FAILED in Dagster, and each check's latest execution on each
+    document passed. With the accelerator the runs name their documents: those between them get
+    no materialization and no check execution at all. On Dagster's own storage a run covers its
+    range, and the completed documents in it are re-reported from their checkpoints."""
+    working = working_runs(runs)
+    assert len(working) <= most_runs, [covered(instance, r) for r in working]
+    analysed = [d for r in working for d in covered(instance, r) if d in seeded.network]
+    assert sorted(analysed) == sorted(seeded.network), "each failed document in one run"
     assert calls(simulator, seeded.ids) == {
         i: before[i] + 1 if i in seeded.network else before[i] for i in seeded.ids
     }
     assert states(seeded.ids) == {i: ("COMPLETED", None) for i in seeded.ids}
     assert dagster_failed(instance, seeded.ids) == []
+    checks = latest_checks(instance, seeded.ids)
+    assert {k: s.value for k, s in checks.items() if s.value != "SUCCEEDED"} == {}
+    assert {d for _, d in checks} == set(seeded.ids)
+    if not accelerated:
+        return
     assert {
         i: latest_materialization(instance, ANALYSIS_RESULTS, i).run_id for i in seeded.untouched
     } == last_materialized
@@ -384,6 +440,7 @@ def planner_ticked(instance: dg.DagsterInstance) -> bool:
     )
 
 
+@pytest.mark.accelerated
 @pytest.mark.daemon
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the planning knows no backend
@@ -430,7 +487,71 @@ def test_a_ui_failed_backfill_of_scattered_documents_runs_in_runs_of_the_run_siz
     assert backfill is not None
     assert set(backfill.reserved_run_ids) == {r.run_id for r in runs}
     assert targeted(backfill) == {k: set(seeded.failed) for k in ANALYSIS_KEYS}
-    assert_only_the_failed_rerun(instance, simulator, seeded, runs, before, last_materialized)
+    assert_only_the_failed_rerun(
+        instance,
+        simulator,
+        seeded,
+        runs,
+        before,
+        last_materialized,
+        accelerated=True,
+        most_runs=2,
+    )
+
+
+@pytest.mark.daemon
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)  # the CLI's runs: on SQLite
+def test_a_ui_failed_backfill_of_scattered_failures_on_dagsters_own_storage(
+    instance: dg.DagsterInstance,
+    simulator: Any,
+    daemon_env: None,
+    daemon: DagsterProcess,
+    webserver: DagsterProcess,
+    tmp_path: Path,
+) -> None:
+    """dagster-postgres's own storage, no accelerator, no switch: 20 failures scattered over 80
+    documents, and the UI's "Failed" backfill launched while the daemon runs, at whatever moment
+    of its backfill loop. Each failed document is analysed exactly once (one call each, counted at
+    the endpoint) in one run, by at most ceil(20 / run size) + max_concurrent_runs runs that
+    worked (Dagster's own plan: 20); the backfill completes and Dagster shows none FAILED.
+    (``benchmarks/scattered.py --stock --via ui`` measures 50 over 1,000.)"""
+    webserver.start()  # it loads while the documents are run
+    seeded = seed(tmp_path, simulator, count=80, network=range(1, 80, 4), low_confidence=())
+    assert_seeded(instance, seeded, simulator)
+    simulator.set_faults([])
+    before = calls(simulator, seeded.ids)
+    last_materialized = {
+        i: latest_materialization(instance, ANALYSIS_RESULTS, i).run_id for i in seeded.untouched
+    }
+    daemon.start()
+    webserver.wait_ready(locations_loaded=True)
+    moment = random.uniform(0, BACKFILL_LOOP_SECONDS)
+    time.sleep(moment)
+
+    backfill_id = launch_ui_backfill(webserver, seeded.failed)
+    wait_for(
+        daemon,
+        f"backfill {backfill_id} to end (launched {moment:.1f} s into the daemon's run)",
+        lambda: backfill_ended(instance, backfill_id),
+        # Dagster creates the backfill's 20 runs first, a second or more each on a busy machine.
+        timeout=2 * BACKFILL_DEADLINE_SECONDS,
+    )
+
+    backfill = instance.get_backfill(backfill_id)
+    assert backfill is not None and backfill.status == BulkActionStatus.COMPLETED_SUCCESS
+    slots = instance.get_concurrency_config().run_queue_config.max_concurrent_runs  # type: ignore[union-attr]
+    run_size = planned_run_size(instance, len(seeded.failed))
+    assert_only_the_failed_rerun(
+        instance,
+        simulator,
+        seeded,
+        backfill_runs(instance, backfill_id),
+        before,
+        last_materialized,
+        accelerated=False,
+        most_runs=-(-len(seeded.failed) // run_size) + slots,
+    )
 
 
 # --- 2. the CLI -----------------------------------------------------------------------------------
@@ -508,6 +629,12 @@ def test_cli_backfill_plans_by_category_then_waits_for_the_daemon(
 @pytest.mark.daemon
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the planning knows no backend
+@pytest.mark.parametrize(
+    ("accelerated", "opaque"),
+    [(False, False), (True, False), (False, True)],
+    indirect=["accelerated"],
+    ids=["stock", "accelerated", "runs-not-in-sql"],
+)
 def test_cli_backfill_of_scattered_failures_runs_them_in_runs_of_the_run_size(
     instance: dg.DagsterInstance,
     simulator: Any,
@@ -515,13 +642,25 @@ def test_cli_backfill_of_scattered_failures_runs_them_in_runs_of_the_run_size(
     daemon: DagsterProcess,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    accelerated: bool,
+    opaque: bool,
 ) -> None:
     """Six failures scattered over 24 documents, three documents per backfill run, two run slots:
-    ``backfill --failed`` reruns them in two runs (Dagster's own planning: six, one per
-    document), one call each; the completed documents between them get no call, no
-    materialization and no check execution, and every document's status in Dagster is exact."""
+    ``backfill --failed`` reruns them in few runs (Dagster's own planning: six, one per
+    document), one call each, each document in one run: two runs with the accelerator, which
+    plans them; on Dagster's own storage at most the two Dagster starts before the queued ones
+    are replaced, plus the two that replace them — also with a run storage that is not SQL
+    (Dagster+'s case), where no sensor tick fails. The completed documents between them get no
+    call, and every document's status and checks in Dagster are exact."""
+    home = Path(os.environ["DAGSTER_HOME"])
+    if opaque:
+        # The processes' instance; this test's reads the same files through Dagster's own.
+        config = home / "dagster.yaml"
+        config.write_text(config.read_text() + "\n" + opaque_run_storage_yaml(home))
+        with dg.DagsterInstance.from_config(str(home)) as theirs:
+            assert type(theirs.run_storage).__name__ == "OpaqueRunStorage"
     seeded, before, last_materialized = seed_scattered(
-        instance, simulator, tmp_path, monkeypatch, Path(os.environ["DAGSTER_HOME"])
+        instance, simulator, tmp_path, monkeypatch, home
     )
     daemon.start()
 
@@ -536,11 +675,29 @@ def test_cli_backfill_of_scattered_failures_runs_them_in_runs_of_the_run_size(
     report = json.loads(out.stdout)
 
     assert report["status"] == "COMPLETED_SUCCESS"
-    runs = backfill_runs(instance, report["backfill_id"])
-    assert len(runs) == 2
-    assert_only_the_failed_rerun(instance, simulator, seeded, runs, before, last_materialized)
+    # --wait returns once the documents are settled; their last events follow as the runs close.
     (backfill,) = wait_for(daemon, "the backfill's end recorded", lambda: ended_backfills(instance))
     assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS
+    runs = backfill_runs(instance, report["backfill_id"])
+    if accelerated:
+        assert len(runs) == 2
+    assert_only_the_failed_rerun(
+        instance,
+        simulator,
+        seeded,
+        runs,
+        before,
+        last_materialized,
+        accelerated=accelerated,
+        most_runs=2 if accelerated else 2 + 2,
+    )
+    failed_ticks = [
+        (state.instigator_name, tick.error)
+        for state in instance.all_instigator_state()
+        for tick in instance.get_ticks(state.instigator_origin_id, state.selector_id)
+        if tick.status.value == "FAILURE"
+    ]
+    assert failed_ticks == []
 
 
 @pytest.mark.daemon
@@ -594,6 +751,7 @@ def test_submit_wait_returns_when_its_runs_end_and_a_resubmission_launches_at_on
         assert {b.backfill_id: b.status.value for b in ended_ones} == printed
 
 
+@pytest.mark.accelerated
 @pytest.mark.daemon
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the submission knows no backend
@@ -822,6 +980,12 @@ def test_batch_resubmission_resumes_only_the_failed_document(
         [],
     )
     assert calls(simulator, ids) == {i: 4 if i == bad else 1 for i in ids}
+    # --wait returns once the document is settled; its run writes its last events as it closes.
+    wait_for(
+        daemon,
+        "the resubmission's runs to end",
+        lambda: all(r.status in TERMINAL for r in backfill_runs(instance, second["backfill_id"])),
+    )
     assert statuses(instance, ANALYSIS_RESULTS, ids) == {i: STATUS.MATERIALIZED for i in ids}
 
 
@@ -913,6 +1077,7 @@ def test_backfill_run_size_fills_the_run_slots_in_one_wave(
     assert len(plan_runs(ids, ids, size)) == runs
 
 
+@pytest.mark.accelerated
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the queue's config, not storage
 def test_a_launched_backfill_takes_its_run_size_from_max_concurrent_runs(
     instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
@@ -941,6 +1106,7 @@ def test_a_launched_backfill_takes_its_run_size_from_max_concurrent_runs(
     assert planned("override") == [25, 15]
 
 
+@pytest.mark.accelerated
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # Dagster's cursor, not storage
 def test_a_planned_backfill_counts_the_materializations_from_the_first_event_on(
     instance: dg.DagsterInstance,
@@ -1139,6 +1305,7 @@ def add_ui_backfill(
     )
 
 
+@pytest.mark.accelerated
 def test_the_backfill_planner_plans_only_the_ui_backfills_dagster_would_cut_finer(
     instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1148,11 +1315,14 @@ def test_the_backfill_planner_plans_only_the_ui_backfills_dagster_would_cut_fine
     takes ``failure_report``, and a backfill this package launched are left as they are. The
     cursor skips what a tick saw; a backfill written by someone else between the read and the
     write keeps what they wrote."""
+    from ai_pipeline.accelerator.backfills import replace_backfill
     from ai_pipeline.definitions import defs
+    from ai_pipeline.defs.acceleration import backfill_acceleration
     from ai_pipeline.defs.backfill_planner import plan, plan_new_backfills
-    from ai_pipeline.defs.dagster_private import replace_backfill
     from ai_pipeline.defs.site import DEFAULT_SITE
 
+    acceleration = backfill_acceleration(instance)
+    assert acceleration is not None
     monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "3")
     keys = [f"{i:016x}" for i in range(12)]
     add_partitions(instance, keys)
@@ -1167,7 +1337,7 @@ def test_the_backfill_planner_plans_only_the_ui_backfills_dagster_would_cut_fine
     ui("withreport", keys[1:12:4], REPORT)
     ui("launched", keys[1:12:4], **{BACKFILL_TAG: "failed"})
 
-    planned, cursor = plan_new_backfills(instance, graph, DEFAULT_SITE, None)
+    planned, cursor = plan_new_backfills(instance, graph, DEFAULT_SITE, None, acceleration)
 
     assert [(p.backfill_id, p.documents, p.runs, p.dagster_runs) for p in planned] == [
         ("scattered", 6, 2, 6)
@@ -1185,13 +1355,13 @@ def test_the_backfill_planner_plans_only_the_ui_backfills_dagster_would_cut_fine
     for left in ("contiguous", "withreport", "launched"):
         other = instance.get_backfill(left)
         assert other is not None and not other.submitting_run_requests, left
-    assert plan_new_backfills(instance, graph, DEFAULT_SITE, cursor)[0] == []
+    assert plan_new_backfills(instance, graph, DEFAULT_SITE, cursor, acceleration)[0] == []
 
     ui("raced", keys[0:12:3])
 
     def written_in_between(stored: Any) -> Any:
         instance.update_backfill(stored.with_failure_count(1))  # the daemon, say
-        result = plan(instance, graph, stored, DEFAULT_SITE)
+        result = plan(instance, graph, stored, DEFAULT_SITE, acceleration)
         assert result is not None
         return result[0]
 
@@ -1208,9 +1378,12 @@ def planned_after_the_daemon_read_it(
     reads it, then planned by the backfill planner: the documents, what the daemon read, and the
     planned backfill as stored."""
     from ai_pipeline.definitions import defs
+    from ai_pipeline.defs.acceleration import backfill_acceleration
     from ai_pipeline.defs.backfill_planner import plan_new_backfills
     from ai_pipeline.defs.site import DEFAULT_SITE
 
+    acceleration = backfill_acceleration(instance)
+    assert acceleration is not None
     monkeypatch.setenv("AI_PIPELINE_BACKFILL_RUN_SIZE", "3")
     keys = [f"{i:016x}" for i in range(12)]
     add_partitions(instance, keys)
@@ -1219,13 +1392,14 @@ def planned_after_the_daemon_read_it(
     add_ui_backfill(instance, graph, "ui", scattered)
     read_by_the_daemon = instance.get_backfill("ui")
     assert read_by_the_daemon is not None
-    planned, _ = plan_new_backfills(instance, graph, DEFAULT_SITE, None)
+    planned, _ = plan_new_backfills(instance, graph, DEFAULT_SITE, None, acceleration)
     assert [p.backfill_id for p in planned] == ["ui"]
     ours = instance.get_backfill("ui")
     assert ours is not None and len(ours.reserved_run_ids) == 2
     return scattered, read_by_the_daemon, ours
 
 
+@pytest.mark.accelerated
 def test_a_plan_made_before_the_planners_is_refused_not_written_over_it(
     instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1234,8 +1408,9 @@ def test_a_plan_made_before_the_planners_is_refused_not_written_over_it(
     storage before it could submit anything, and the planner's runs stay the backfill's. The
     writes Dagster makes while submitting a plan, counting a failure or canceling go through, and
     once nothing waits a next plan does."""
-    from ai_pipeline.defs.backfill_writes import PlanMadeMeanwhile
-    from ai_pipeline.defs.dagster_private import BulkActionStatus, make_new_run_id
+    from ai_pipeline.accelerator.backfill_writes import PlanMadeMeanwhile
+    from ai_pipeline.accelerator.internals import make_new_run_id
+    from ai_pipeline.defs.dagster_private import BulkActionStatus
 
     scattered, read_by_the_daemon, ours = planned_after_the_daemon_read_it(instance, monkeypatch)
 
@@ -1269,6 +1444,7 @@ def test_a_plan_made_before_the_planners_is_refused_not_written_over_it(
     assert stored is not None and stored.reserved_run_ids == daemons.reserved_run_ids
 
 
+@pytest.mark.accelerated
 def test_the_daemons_iteration_from_a_read_before_the_plan_submits_nothing_then_resumes_it(
     instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -190,6 +190,7 @@ def test_a_submit_stopped_half_way_is_completed_by_the_next_without_duplicates(
     assert sorted(batch_backfills(instance)) == ["1/3", "2/3", "3/3"]
 
 
+@pytest.mark.accelerated
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 def test_the_parts_runs_are_sized_for_the_whole_launch(
     instance: dg.DagsterInstance,

@@ -344,26 +344,22 @@ def test_failing_document_is_traceable_by_task_id_and_no_secret_leaks(
     assert store.documents.get(target).last_error  # type: ignore[union-attr]
 
 
-SUBSET_SWITCH = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
-
-
-@pytest.mark.parametrize("planned", ["per-run", "per-partition"])
+@pytest.mark.parametrize(
+    "accelerated", [True, False], indirect=True, ids=["per-run", "per-partition"]
+)
 def test_failed_status_is_exact_per_document_and_stage_whichever_planned_events(
     instance: dg.DagsterInstance,
     simulator,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    planned: str,
+    accelerated: bool,
 ) -> None:
-    """One planned event per asset and run (the switch set) or one per document (Dagster's
-    default): either way each stage of each document shows what happened to it — MATERIALIZED up
-    to where it failed, FAILED from there on, MATERIALIZED throughout for the documents that
-    completed — and the run's event log holds planned events per document only for the failed
-    ones when the switch is set."""
-    if planned == "per-run":
-        monkeypatch.setenv(SUBSET_SWITCH, "1")
-    else:
-        monkeypatch.delenv(SUBSET_SWITCH, raising=False)
+    """One planned event per asset and run (the accelerator's event log) or one per document
+    (Dagster's own): either way each stage of each document shows what happened to it —
+    MATERIALIZED up to where it failed, FAILED from there on, MATERIALIZED throughout for the
+    documents that completed — and the run's event log holds planned events per document only
+    for the failed ones with the accelerator."""
+    planned = "per-run" if accelerated else "per-partition"
     texts = {f"good-{i}.txt": sample_text(500 + i) for i in range(3)}
     texts |= {"rejected.txt": _target_text("http400"), "unsure.txt": _target_text("unsure")}
     make_inbox(tmp_path / "inbox", texts)

@@ -1,4 +1,4 @@
-"""The project's event logs write a group of events in one transaction (``defs.event_log``,
+"""The project's event logs write a group of events in one transaction (the accelerator's
 ``GroupedWrites``), on SQLite and PostgreSQL: nothing of the group is seen before it ends, all of
 it after, nothing of a group that failed, and the rows are the ones event-by-event writes leave."""
 
@@ -12,6 +12,8 @@ from dagster._core.events import DagsterEventType, StepMaterializationData
 from dagster._core.events.log import EventLogEntry
 
 from ai_pipeline_tests.step_events import step_event
+
+pytestmark = pytest.mark.accelerated
 
 RUN_ID = "0f0e0d0c-0b0a-4000-8000-000000000001"
 ASSETS = ("document_text", "llm_analysis")

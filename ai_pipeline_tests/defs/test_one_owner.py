@@ -19,10 +19,10 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from ai_pipeline.accelerator.start_runs import daemon_location
 from ai_pipeline.defs.backfills import backfill_ended
 from ai_pipeline.defs.dagster_private import BulkActionStatus, PartitionBackfill
 from ai_pipeline.defs.partitions import documents_partitions
-from ai_pipeline.defs.start_runs import daemon_location
 from ai_pipeline.failures import Category
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.states import State
@@ -281,6 +281,7 @@ def test_a_killed_run_worker_is_reconciled_and_rerun(
         assert failed_in_dagster(instance, ids) == set()
 
 
+@pytest.mark.accelerated  # on Dagster's own storage run creation planned each document
 @pytest.mark.slow
 @pytest.mark.daemon
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
@@ -497,6 +498,7 @@ def test_a_backfill_outlives_a_killed_and_restarted_daemon(
         assert all(calls[d] >= 1 for d in ids)
 
 
+@pytest.mark.accelerated  # the submit starts the runs the accelerator planned
 @pytest.mark.slow
 @pytest.mark.daemon
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
@@ -513,7 +515,7 @@ def test_a_run_whose_launch_was_cut_off_is_failed_and_run_again(
     COMPLETED and paid once, with no other command. Without monitoring the run stays STARTING
     and the backfill open forever; without retries the backfill ends failed. (Should the
     daemon's retry miss the failure, the reconcile sensor retries it a minute later:
-    ``ai_pipeline.defs.missed_retries``.)
+    ``ai_pipeline.accelerator.missed_retries``.)
 
     The daemon runs once first, as it had before it was killed: its sensors ticked (so
     ``submit`` submits the batch's runs itself) and its run-retry consumer keeps a cursor into

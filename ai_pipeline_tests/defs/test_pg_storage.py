@@ -12,7 +12,7 @@ import psycopg2
 import pytest
 import sqlalchemy as sa
 
-from ai_pipeline.defs.pg_storage import PooledPostgresStorage
+from ai_pipeline.accelerator.postgres import PooledPostgresStorage
 from ai_pipeline_tests.postgres import PG_HOST, PG_PORT, PG_USER, PostgresDatabases
 from ai_pipeline_tests.support import REPO
 
@@ -190,7 +190,7 @@ def test_a_steps_events_are_dagster_postgres_rows(
     from dagster_postgres import PostgresEventLogStorage
     from dagster_postgres.event_log.event_log import CHANNEL_NAME
 
-    from ai_pipeline.defs.pg_storage import PooledPostgresEventLogStorage
+    from ai_pipeline.accelerator.postgres import PooledPostgresEventLogStorage
     from ai_pipeline_tests.postgres import skip_or_fail
     from ai_pipeline_tests.step_events import assert_same_rows, rows_kept, step_events
 

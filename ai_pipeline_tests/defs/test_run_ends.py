@@ -85,6 +85,7 @@ def _groups_of_planned_events(
     return groups
 
 
+@pytest.mark.accelerated
 def test_a_failed_runs_documents_are_marked_in_a_few_transactions(
     instance: dg.DagsterInstance, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -110,6 +111,7 @@ def test_a_failed_runs_documents_are_marked_in_a_few_transactions(
     assert sum(groups) == 300
 
 
+@pytest.mark.accelerated
 def test_a_tick_stops_after_the_run_that_takes_it_past_its_documents(
     instance: dg.DagsterInstance, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from dagster._core.events import AssetMaterializationPlannedData
 
-from ai_pipeline.defs.sqlite_storage import EngineReusingSqliteEventLogStorage
+from ai_pipeline.accelerator.sqlite import EngineReusingSqliteEventLogStorage
 
 
 def test_dynamic_partition_keys_follow_every_writer(tmp_path: Path) -> None:
@@ -141,7 +141,7 @@ def test_planned_checks_are_dagsters_rows_each_with_its_own_partitions_event(
     from dagster._core.events.log import EventLogEntry
     from dagster._serdes import deserialize_value
 
-    from ai_pipeline.defs.dagster_private import AssetCheckExecutionsTable, SqliteEventLogStorage
+    from ai_pipeline.accelerator.internals import AssetCheckExecutionsTable, SqliteEventLogStorage
 
     documents = dg.DynamicPartitionsDefinition(name="documents")
     keys = [f"{i:016x}" for i in range(300)]
@@ -319,7 +319,7 @@ def test_a_steps_materializations_and_check_evaluations_are_dagsters_rows(tmp_pa
     insert statement of its own (``store_event``), and a check evaluation's row with the text of
     its event-log row (``EventsSerializedOnce``): the rows — in the run's database, the index, the
     asset-key table and the check table, planned or not — are those Dagster's own storage writes."""
-    from ai_pipeline.defs.dagster_private import SqliteEventLogStorage
+    from ai_pipeline.accelerator.internals import SqliteEventLogStorage
     from ai_pipeline_tests.step_events import assert_same_rows, rows_kept, step_events
 
     events = step_events()
@@ -357,8 +357,8 @@ def test_each_planned_row_is_serialized_as_its_own_event_would_be(keys: list[str
     from dagster._core.events import DagsterEvent, DagsterEventType
     from dagster._core.events.log import EventLogEntry
 
-    from ai_pipeline.defs.dagster_private import DefaultPartitionsSubset, serialize_value
-    from ai_pipeline.defs.event_log import _each_key
+    from ai_pipeline.accelerator.event_log import _each_key
+    from ai_pipeline.accelerator.internals import DefaultPartitionsSubset, serialize_value
 
     now = time.time()
 
@@ -413,7 +413,7 @@ def test_run_and_schedule_storage_are_dagsters_files_checked_only_when_unstamped
     from dagster._core.storage.runs.sqlite import sqlite_run_storage
     from dagster._core.storage.schedules.sqlite import sqlite_schedule_storage
 
-    from ai_pipeline.defs.sqlite_storage import (
+    from ai_pipeline.accelerator.sqlite import (
         EngineReusingSqliteRunStorage,
         EngineReusingSqliteScheduleStorage,
     )

@@ -1,7 +1,7 @@
 """A launched backfill's planned runs submitted by the command that launched it
-(``ai_pipeline.defs.start_runs``), from the code location the daemon's sensor states name; and
+(``ai_pipeline.accelerator.start_runs``), from the code location the daemon's sensor states name; and
 from the same location, a failed run whose automatic retry the daemon missed retried
-(``ai_pipeline.defs.missed_retries``).
+(``ai_pipeline.accelerator.missed_retries``).
 
 No daemon here: the sensor states a daemon writes are written by the test, and the runs submitted
 stay QUEUED. ``test_backfills.py`` has the same under a real daemon whose backfill loop would come
@@ -30,11 +30,14 @@ from dagster._core.scheduler.instigation import (
 )
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
+from ai_pipeline.accelerator.missed_retries import GRACE_SECONDS, retry_missed
+from ai_pipeline.accelerator.start_runs import LIVE_SECONDS, daemon_location, start_planned_runs
 from ai_pipeline.defs.backfills import launch_backfill
 from ai_pipeline.defs.dagster_private import BulkActionStatus
-from ai_pipeline.defs.missed_retries import GRACE_SECONDS, retry_missed
-from ai_pipeline.defs.start_runs import LIVE_SECONDS, daemon_location, start_planned_runs
 from ai_pipeline_tests.support import launcher, make_inbox, sample_text
+
+# What these tests prove is the accelerator's.
+pytestmark = pytest.mark.accelerated
 
 NOW = 1_800_000_000.0
 

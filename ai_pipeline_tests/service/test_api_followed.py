@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import shutil
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from ai_pipeline.store import dispose_stores
 from ai_pipeline_tests.dagster_procs import DagsterProcess, running
 from ai_pipeline_tests.service.client import sse_events, submit, task_state
 from ai_pipeline_tests.service.conftest import auth, serving, write_tenants_file
-from ai_pipeline_tests.support import REPO, point_llm_at, results_store, sample_text
+from ai_pipeline_tests.support import instance_yaml, point_llm_at, results_store, sample_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.daemon]
 
@@ -61,7 +60,7 @@ def follow_one_submission(folder: Path, simulator: SimulatorServer) -> Followed:
     with pytest.MonkeyPatch.context() as mp:
         home = folder / "dagster_home"
         home.mkdir()
-        shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+        (home / "dagster.yaml").write_text(instance_yaml())
         mp.setenv("DAGSTER_HOME", str(home))
         mp.setenv("AI_PIPELINE_SETTLE_SECONDS", "0")
         mp.delenv("AI_PIPELINE_DATABASE_URL", raising=False)

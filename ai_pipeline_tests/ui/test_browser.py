@@ -117,6 +117,7 @@ def launch_failed_backfill(url: str, shots: Path) -> None:
             raise
 
 
+@pytest.mark.accelerated  # planned by the sensor before Dagster's loop, which waits here
 @pytest.mark.ui
 @pytest.mark.daemon
 @pytest.mark.slow

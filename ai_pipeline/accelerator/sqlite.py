@@ -65,8 +65,20 @@ from sqlalchemy import create_engine, event, func, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import QueuePool
 
-from ai_pipeline.defs.backfill_writes import BackfillsComparedAndSet
-from ai_pipeline.defs.dagster_private import (
+from ai_pipeline.accelerator import checked
+from ai_pipeline.accelerator.acceleration import BACKFILLS
+from ai_pipeline.accelerator.backfill_writes import BackfillsComparedAndSet, backfills_wait_for_code
+from ai_pipeline.accelerator.event_log import (
+    INDEX,
+    STEP_EVENTS,
+    CheckRowsPerDocument,
+    EventsSerializedOnce,
+    GroupedWrites,
+    SummaryKeysParsedOnce,
+    WritesRemembered,
+    batch_planned_events,
+)
+from ai_pipeline.accelerator.internals import (
     SQLITE_BUSY_TIMEOUT_SECONDS,
     ConfigurableClassData,
     DynamicPartitionsTable,
@@ -76,16 +88,6 @@ from ai_pipeline.defs.dagster_private import (
     SqliteRunStorage,
     SqliteScheduleStorage,
     create_db_conn_string,
-)
-from ai_pipeline.defs.event_log import (
-    INDEX,
-    STEP_EVENTS,
-    CheckRowsPerDocument,
-    EventsSerializedOnce,
-    GroupedWrites,
-    SummaryKeysParsedOnce,
-    WritesRemembered,
-    batch_planned_events,
 )
 
 ENGINES = 32
@@ -142,6 +144,8 @@ class EngineReusingSqliteEventLogStorage(
             if not home:
                 raise ValueError("set DAGSTER_HOME, or base_dir in the event_log_storage config")
             base_dir = os.path.join(home, "storage")
+        if not checked():
+            return SqliteEventLogStorage(base_dir, inst_data=inst_data)  # type: ignore[return-value]
         return cls(base_dir, inst_data=inst_data)
 
     def _engine(self, shard: str) -> Engine:
@@ -339,6 +343,8 @@ class _KeptConnections:
     FOLDER: ClassVar[str]
     DATABASE: ClassVar[str]
     TABLES: ClassVar[tuple[str, ...]]
+    # Dagster's own class, built instead on a release the accelerator was not checked against.
+    STOCK: ClassVar[Any]
     _conn_string: str
 
     @classmethod
@@ -349,7 +355,10 @@ class _KeptConnections:
 
     @classmethod
     def from_config_value(cls, inst_data: ConfigurableClassData | None, config_value: Any) -> Any:
-        return cls.from_local(_base_dir(config_value, cls.FOLDER), inst_data=inst_data)
+        base_dir = _base_dir(config_value, cls.FOLDER)
+        if not checked():
+            return cls.STOCK.from_local(base_dir, inst_data=inst_data)
+        return cls.from_local(base_dir, inst_data=inst_data)
 
     @classmethod
     def from_local(cls, base_dir: str, inst_data: ConfigurableClassData | None = None) -> Any:
@@ -407,9 +416,18 @@ class _KeptConnections:
 class EngineReusingSqliteRunStorage(BackfillsComparedAndSet, _KeptConnections, SqliteRunStorage):
     """Dagster's SQLite run storage (``$DAGSTER_HOME/history/runs.db``), its schema checked only
     when it has none, its connections kept, and a backfill's planned runs never written over by a
-    plan made before them (``backfill_writes``)."""
+    plan made before them (``backfill_writes``). The product finds ``BACKFILLS`` on it."""
 
     FOLDER, DATABASE, TABLES = "history", "runs", ("runs", "instance_info")
+    STOCK = SqliteRunStorage
+    ai_pipeline_acceleration = BACKFILLS
+
+    @classmethod
+    def from_config_value(cls, inst_data: ConfigurableClassData | None, config_value: Any) -> Any:
+        storage = super().from_config_value(inst_data, config_value)
+        if isinstance(storage, cls):
+            backfills_wait_for_code()
+        return storage
 
     def has_run_stats_index_cols(self) -> bool:
         return self._present(("run stats columns",), super().has_run_stats_index_cols)
@@ -437,6 +455,7 @@ class EngineReusingSqliteScheduleStorage(_KeptConnections, SqliteScheduleStorage
     kept."""
 
     FOLDER, DATABASE, TABLES = "schedules", "schedules", ("jobs", "job_ticks")
+    STOCK = SqliteScheduleStorage
 
     def has_instigators_table(self) -> bool:
         return self._present(("instigators table",), super().has_instigators_table)

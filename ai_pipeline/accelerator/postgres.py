@@ -51,16 +51,10 @@ from dagster_postgres.utils import (
 )
 from sqlalchemy.dialects import postgresql
 
-from ai_pipeline.defs.backfill_writes import BackfillsComparedAndSet
-from ai_pipeline.defs.dagster_private import (
-    ASSET_KEY_INDEX_COLS,
-    AssetCheckExecutionsTable,
-    AssetKeyTable,
-    ConfigurableClassData,
-    SqlEventLogStorageTable,
-    pg_config,
-)
-from ai_pipeline.defs.event_log import (
+from ai_pipeline.accelerator import checked
+from ai_pipeline.accelerator.acceleration import BACKFILLS
+from ai_pipeline.accelerator.backfill_writes import BackfillsComparedAndSet, backfills_wait_for_code
+from ai_pipeline.accelerator.event_log import (
     INSERT_CHECK_ROW,
     STEP_EVENTS,
     CheckRowsPerDocument,
@@ -70,6 +64,14 @@ from ai_pipeline.defs.event_log import (
     SummaryKeysParsedOnce,
     WritesRemembered,
     too_many_check_rows,
+)
+from ai_pipeline.accelerator.internals import (
+    ASSET_KEY_INDEX_COLS,
+    AssetCheckExecutionsTable,
+    AssetKeyTable,
+    ConfigurableClassData,
+    SqlEventLogStorageTable,
+    pg_config,
 )
 from ai_pipeline.store.database import ping_when_idle
 
@@ -228,7 +230,7 @@ class PooledPostgresEventLogStorage(
     PostgresEventLogStorage,
 ):
     """dagster-postgres's event log, a run's planned checks written in time proportional to its
-    documents, and a group of events in one transaction (``ai_pipeline.defs.event_log``)."""
+    documents, and a group of events in one transaction (``ai_pipeline.accelerator.event_log``)."""
 
     def store_event(self, event: Any) -> None:
         """dagster-postgres's ``store_event`` for a step's materializations and check evaluations
@@ -373,8 +375,9 @@ class PooledPostgresEventLogStorage(
 class _PooledPostgresRunStorage(BackfillsComparedAndSet, PostgresRunStorage):
     """dagster-postgres's run storage, whose engine may be the process's (``_process_engines``),
     and which never writes a backfill's planned runs over with a plan made before them
-    (``backfill_writes``)."""
+    (``backfill_writes``). The product finds ``BACKFILLS`` on it."""
 
+    ai_pipeline_acceleration = BACKFILLS
     _engines_kept = False
 
     def dispose(self) -> None:
@@ -503,6 +506,7 @@ class PooledPostgresStorage(DagsterPostgresStorage):
         max_overflow: int = DEFAULT_MAX_OVERFLOW,
         pool_recycle: int = DEFAULT_POOL_RECYCLE_SECONDS,
     ):
+        backfills_wait_for_code()
         kept = token_provider is None  # a token provider's engines are the storage's own
         engines = (
             _process_engines(postgres_url, pool_size, max_overflow, pool_recycle)
@@ -554,6 +558,13 @@ class PooledPostgresStorage(DagsterPostgresStorage):
     def from_config_value(  # type: ignore[override]
         cls, inst_data: ConfigurableClassData | None, config_value: Any
     ) -> PooledPostgresStorage:
+        if not checked():
+            return DagsterPostgresStorage(  # type: ignore[return-value]
+                pg_url_from_config(config_value),
+                config_value.get("should_autocreate_tables", True),
+                inst_data=inst_data,
+                token_provider=get_token_provider_from_config(config_value),
+            )
         return cls(
             pg_url_from_config(config_value),
             config_value.get("should_autocreate_tables", True),
@@ -570,7 +581,7 @@ def storage_yaml(postgres_db: dict[str, Any] | None = None, postgres_url: str | 
     lines = [
         "storage:",
         "  custom:",
-        "    module: ai_pipeline.defs.pg_storage",
+        "    module: ai_pipeline.accelerator.postgres",
         "    class: PooledPostgresStorage",
         "    config:",
     ]

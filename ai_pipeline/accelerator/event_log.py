@@ -14,8 +14,8 @@ that each row's event is the planned event narrowed to that row's own partition 
 stands for; the event log keeps the run's whole event), in one executemany: planning a run's
 checks costs time and space in proportion to its documents. Nothing reads a planned row's
 partition subset: Dagster reads its type, asset, check, run and time. The embedded default's
-event log (``ai_pipeline.defs.sqlite_storage``) and the production one
-(``ai_pipeline.defs.pg_storage``) both take it.
+event log (``ai_pipeline.accelerator.sqlite``) and the production one
+(``ai_pipeline.accelerator.postgres``) both take it.
 
 A run that names the documents of its range it works on (``ai_pipeline.defs.partitions``) gets
 rows for those alone: the others of its range keep the check status they had.
@@ -61,7 +61,8 @@ from typing import Any
 from dagster import AssetKey, DagsterEventType, DagsterInvariantViolationError
 from sqlalchemy import and_, bindparam
 
-from ai_pipeline.defs.dagster_private import (
+from ai_pipeline.accelerator.acceleration import EVENTS
+from ai_pipeline.accelerator.internals import (
     AssetCheckExecutionRecordStatus,
     AssetCheckExecutionsTable,
     AssetEventSummaryRecord,
@@ -81,12 +82,20 @@ STEP_EVENTS = frozenset(
 
 
 class CheckRowsPerDocument:
-    """Mixin for a ``SqlEventLogStorage``: the rows of a planned check evaluation, each with the
-    planned event of its own partition (checked against dagster 1.13.27: the method it overrides
-    has this body, with ``serialize_value(event)`` of the whole event in every row), and the check
-    table's existence remembered once seen."""
+    """Mixin for a ``SqlEventLogStorage``: a run's planned events name its range (one per asset,
+    not one per document, as ``DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS`` asks of Dagster),
+    and the rows of a planned check evaluation are written for the documents the run names, each
+    with the planned event of its own partition (checked against dagster 1.13.27: the method it
+    overrides has this body, with ``serialize_value(event)`` of the whole event in every row); the
+    check table's existence remembered once seen. The product finds ``EVENTS`` on it: the failed
+    documents' own planned events are written by the analysis step."""
 
+    ai_pipeline_acceleration = EVENTS
     _has_check_table = False
+
+    @property
+    def supports_partition_subset_in_asset_materialization_planned_events(self) -> bool:
+        return True
 
     @property
     def supports_asset_checks(self) -> bool:

@@ -8,7 +8,7 @@ moves its cursor past the event for good. The run then says it will be retried a
 its backfill waits for that retry for ever ("will be retried, but retries have not been
 launched"). It happened here under load, a run failed by the run monitor as the daemon started.
 
-``retry_missed`` retries such runs the daemon's way (``dagster_private.retry_failed_run``: from
+``retry_missed`` retries such runs the daemon's way (``retry_failed_run``: from
 failure, tagged as its retry, only if the daemon's rules still say so), from the code location the
 daemon runs (``start_runs.daemon_workspace``), once the failure is ``GRACE_SECONDS`` old: the
 consumer would have retried it long before. The reconcile sensor calls it every tick; a run the
@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import dagster as dg
 
-from ai_pipeline.defs.dagster_private import (
-    AUTO_RETRY_RUN_ID_TAG,
-    WILL_RETRY_TAG,
-    retry_failed_run,
-)
+from ai_pipeline.accelerator.internals import AUTO_RETRY_RUN_ID_TAG, WILL_RETRY_TAG
+from ai_pipeline.accelerator.start_runs import daemon_workspace
 from ai_pipeline.defs.site import DEFAULT_SITE, Site
-from ai_pipeline.defs.start_runs import daemon_workspace
 
 # How old a failure is before its missing retry counts as missed (the consumer looks every 5 s).
 GRACE_SECONDS = 60.0
@@ -73,3 +70,15 @@ def retry_missed(
             else:  # the daemon's rules say no (its backfill is over): not looked at again
                 instance.add_run_tags(run.run_id, {WILL_RETRY_TAG: "false"})
     return retried
+
+
+def retry_failed_run(run: dg.DagsterRun, context: Any) -> bool:
+    """Retry the failed ``run`` as the daemon's automatic retry does (from failure, tagged as its
+    retry, once whatever calls it), if the daemon's rules say it should be (``dagster/will_retry``
+    true, its backfill not over); whether they did. ``context``: a ``WorkspaceProcessContext``."""
+    from dagster._daemon.auto_run_reexecution.auto_run_reexecution import retry_run, should_retry
+
+    if not should_retry(run, context.instance):
+        return False
+    retry_run(run, context)
+    return True

@@ -22,18 +22,30 @@ one) writes as Dagster does.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from ai_pipeline.defs.dagster_private import (
+from ai_pipeline.accelerator.internals import (
     BulkActionsTable,
-    PartitionBackfill,
     db_select,
     deserialize_value,
     serialize_value,
 )
+from ai_pipeline.defs.dagster_private import PartitionBackfill
 
 # Writes that found the backfill changed between reading and writing it, then tried again.
 ATTEMPTS = 5
+
+# Dagster 1.13's switch that makes its backfill daemon wait for a code location that does not load
+# for a moment (a code server restarting on a loaded machine), where it would otherwise fail the
+# backfill and terminate its running runs.
+BACKFILLS_WAIT_FOR_CODE = "DAGSTER_BACKFILL_RETRY_DEFINITION_CHANGED_ERROR"
+
+
+def backfills_wait_for_code() -> None:
+    """Turn that switch on in this process (the daemon's, where it is read), unless the
+    deployment set it: the accelerated run storages call it when they are built."""
+    os.environ.setdefault(BACKFILLS_WAIT_FOR_CODE, "1")
 
 
 class PlanMadeMeanwhile(Exception):

@@ -35,16 +35,16 @@ from typing import Any
 
 import dagster as dg
 
-from ai_pipeline.defs.dagster_private import (
+from ai_pipeline.accelerator.internals import (
     BACKFILL_ID_TAG,
     DagsterRunAlreadyExists,
     InProcessCodeLocationOrigin,
     InProcessWorkspaceLoadTarget,
     InstigatorType,
     WorkspaceProcessContext,
-    loaded_against,
     submit_asset_run,
 )
+from ai_pipeline.defs.dagster_private import loaded_against
 from ai_pipeline.defs.site import DEFAULT_SITE, Site
 
 log = logging.getLogger(__name__)

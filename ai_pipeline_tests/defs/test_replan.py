@@ -1,0 +1,111 @@
+"""Runs of Dagster's own storage: a run covers its whole range, the completed documents between the
+ones it is for ride along (re-reported from their checkpoints), and only the documents that fail
+show FAILED (``ai_pipeline.defs.replan``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from ai_pipeline.defs.assets import ANALYSIS_KEYS, ANALYSIS_RESULTS, LLM_ANALYSIS
+from ai_pipeline.defs.checks import CHECK_SPECS
+from ai_pipeline.defs.jobs import range_tags
+from ai_pipeline.defs.replan import plan_ranges
+from ai_pipeline.states import State
+from ai_pipeline_tests.support import (
+    STATUS,
+    launcher,
+    make_inbox,
+    process_inbox,
+    results_store,
+    sample_text,
+    statuses,
+    task_of,
+)
+
+KEYS = [f"d{i:02d}" for i in range(20)]
+
+
+@pytest.mark.parametrize(
+    ("wanted", "riding", "size", "most", "runs"),
+    [
+        # Every document between two wanted ones rides along: runs of the run size.
+        ([1, 5, 9, 13], set(range(20)), 2, 10, [[1, 5], [9, 13]]),
+        # One that may not (a failure nobody asked for, a stale result) cuts the run there.
+        ([1, 5, 9, 13], set(range(20)) - {7}, 4, 10, [[1, 5], [9, 13]]),
+        # A gap longer than ``most`` is cheaper as another run.
+        ([1, 5, 9, 13], set(range(20)), 4, 2, [[1], [5], [9], [13]]),
+        # Contiguous documents need no one to ride along.
+        ([3, 4, 5, 6], set(), 3, 0, [[3, 4, 5], [6]]),
+    ],
+)
+def test_runs_cover_whole_ranges_of_documents_that_may_ride_along(
+    wanted: list[int], riding: set[int], size: int, most: int, runs: list[list[int]]
+) -> None:
+    """``plan_ranges`` puts the wanted documents in runs of at most the run size, in partition
+    order, and goes on over the documents between two of them only when each may ride along and
+    there are at most ``most`` of them."""
+    asked: list[list[str]] = []
+
+    def rides(documents: Any) -> set[str]:
+        asked.append(list(documents))
+        return {KEYS[i] for i in riding} & set(documents)
+
+    planned = plan_ranges([KEYS[i] for i in wanted], KEYS, size, rides, most)
+
+    assert planned == [[KEYS[i] for i in run] for run in runs]
+    assert len(asked) <= 1
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # Dagster's own planned events
+def test_a_range_run_that_fails_for_some_of_its_documents_shows_exactly_those_failed(
+    instance: dg.DagsterInstance,
+    simulator: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Dagster's own storage: a run over a range of 41 documents — six that failed, scattered,
+    and the completed ones between them riding along — where two of the six fail again. Dagster
+    shows exactly those two FAILED, every other document MATERIALIZED with every check passed;
+    the four are analysed with one call each, the completed ones with none."""
+    monkeypatch.setenv("AI_PIPELINE_DOCUMENTS_PER_RUN", "50")  # the first pass in one run
+    texts = {f"doc-{i:03d}.txt": sample_text(900 + i) for i in range(50)}
+    inbox = make_inbox(tmp_path / "inbox", texts)
+    ids = launcher().register_inbox(inbox).document_ids
+    failing = [ids[i] for i in (4, 11, 19, 26, 37, 44)]
+    faults = [{"kind": "status", "status": 400, "match": task_of(d)} for d in failing]
+    simulator.set_faults(faults)
+    process_inbox(inbox)
+    assert results_store().documents.count_by_state(failing) == {State.FAILED: len(failing)}
+    again = failing[1::3]
+    simulator.set_faults([f for f in faults if f["match"] in {task_of(d) for d in again}])
+    before = {d: simulator.requests_for(task_of(d)) for d in ids}
+
+    job = launcher().repository.get_job("analyse_documents_job")
+    span = ids[ids.index(failing[0]) : ids.index(failing[-1]) + 1]
+    result = job.execute_in_process(instance=instance, tags=range_tags(span), raise_on_error=False)
+
+    assert not result.success
+    by_stage = {key: statuses(instance, key, ids) for key in ANALYSIS_KEYS}
+    failed = {d for status in by_stage.values() for d, s in status.items() if s == STATUS.FAILED}
+    assert failed == set(again)
+    assert statuses(instance, ANALYSIS_RESULTS, ids) == {
+        d: STATUS.FAILED if d in again else STATUS.MATERIALIZED for d in ids
+    }
+    calls = {d: simulator.requests_for(task_of(d)) - before[d] for d in ids}
+    assert {d: n for d, n in calls.items() if n} == dict.fromkeys(failing, 1)
+    riding = [d for d in span if d not in failing]
+    for d in riding:
+        answer = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=LLM_ANALYSIS, asset_partitions=[d]), limit=1
+        ).records[0]
+        assert answer.event_log_entry.run_id == result.run_id
+        assert answer.asset_materialization.metadata["from_checkpoint"].value is True
+    latest: dict[tuple[str, str], str] = {}
+    for spec in CHECK_SPECS:
+        for e in instance.event_log_storage.get_asset_check_execution_history(spec.key, 1000):
+            latest.setdefault((spec.name, e.partition or ""), e.status.value)
+    assert {k: v for k, v in latest.items() if k[1] in riding and v != "SUCCEEDED"} == {}
