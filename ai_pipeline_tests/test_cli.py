@@ -84,6 +84,7 @@ def test_every_command_is_in_the_help_test() -> None:
     assert set(sub.choices) == {c.split()[0] for c in COMMANDS}  # type: ignore[union-attr]
 
 
+@pytest.mark.smoke
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the demo is the embedded default
 def test_demo_twice(dagster_home: Path) -> None:

@@ -258,6 +258,7 @@ def launch_ui_backfill(webserver: DagsterProcess, documents: list[str]) -> str:
 # --- 1. "Failed" from the UI ----------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 @pytest.mark.daemon
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # one backend: see the docstring
@@ -557,6 +558,7 @@ def test_a_ui_failed_backfill_of_scattered_failures_on_dagsters_own_storage(
 # --- 2. the CLI -----------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 @pytest.mark.daemon
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # one backend: see the docstring
@@ -915,6 +917,7 @@ def test_nightly_tick_backfills_then_reports(
 # --- 4. batches -----------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 @pytest.mark.daemon
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # one backend: see the docstring
