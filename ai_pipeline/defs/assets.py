@@ -41,6 +41,7 @@ from ai_pipeline.defs.openai_batches import VIA_TAG, batch_jobs
 from ai_pipeline.defs.partitions import NAMED_DOCUMENTS, named_by
 from ai_pipeline.defs.replan import left_to_replans, planned_by_dagster, replan_backfill
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
+from ai_pipeline.defs.run_health import beating
 from ai_pipeline.defs.runs import run_is_over
 from ai_pipeline.defs.site import ANALYSIS_TAG, DEFAULT_SITE, Site
 from ai_pipeline.engine import Analyser
@@ -115,14 +116,17 @@ def build_analysis_assets(
     def analyse(context: dg.AssetExecutionContext) -> Iterator[Any]:
         """Read, analyse, check and store every document of the run's partition range."""
         resources = context.resources
-        yield from _analyse(
-            context,
-            site,
-            results_store=getattr(resources, site.name("results_store")),
-            llm=getattr(resources, site.name("llm")),
-            settings=getattr(resources, site.name("settings")),
-            results_io_manager=getattr(resources, site.name("results_io_manager")),
-        )
+        results_store = getattr(resources, site.name("results_store"))
+        # Its sign of life for Dagster's run monitoring (``run_health``) while it works.
+        with beating(results_store.get(), context.run.run_id):
+            yield from _analyse(
+                context,
+                site,
+                results_store=results_store,
+                llm=getattr(resources, site.name("llm")),
+                settings=getattr(resources, site.name("settings")),
+                results_io_manager=getattr(resources, site.name("results_io_manager")),
+            )
 
     return analyse
 

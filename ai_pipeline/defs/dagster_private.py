@@ -1,13 +1,16 @@
 """The private Dagster names the product itself still uses (checked against dagster 1.13.27).
 
 Everything private that only makes the product faster is in ``ai_pipeline.accelerator``; what is
-left here is what the command line needs to create and follow a backfill as the UI does, since
-Dagster 1.13 has no public call for that:
+left here has no public name in Dagster 1.13: what the command line needs to create and follow a
+backfill as the UI does, and the answer of a run launcher's health check:
 
 - ``PartitionBackfill``: an asset backfill of some documents, built as the UI's GraphQL mutation
   builds one (``from_asset_partitions``) and stored with ``DagsterInstance.add_backfill``;
 - ``BulkActionStatus``, ``BulkActionsFilter``, ``BULK_ACTION_TERMINAL_STATUSES``: a backfill's
   status, and the filter that lists the backfills still open;
+- ``CheckRunHealthResult``, ``WorkerStatus``: what a run launcher's ``check_run_worker_health``
+  returns to Dagster's run monitoring (``run_health``; the extension point is public, its types
+  are not exported);
 - ``set_defs_state_storage`` (``loaded_against``): definitions loaded in this process against a
   given instance's defs state storage, not the one a context variable last named.
 """
@@ -23,6 +26,7 @@ from dagster._core.execution.backfill import (
     BulkActionStatus,
     PartitionBackfill,
 )
+from dagster._core.launcher import CheckRunHealthResult, WorkerStatus
 from dagster._core.storage.defs_state.base import set_defs_state_storage
 
 T = TypeVar("T")
@@ -31,7 +35,9 @@ __all__ = [
     "BULK_ACTION_TERMINAL_STATUSES",
     "BulkActionStatus",
     "BulkActionsFilter",
+    "CheckRunHealthResult",
     "PartitionBackfill",
+    "WorkerStatus",
     "loaded_against",
     "repository_of",
 ]

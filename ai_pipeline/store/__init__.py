@@ -12,6 +12,7 @@ kind of thing stored:
 ``batches``         named sets of documents submitted together
 ``openai_batches``  jobs of OpenAI's Batch API and the state of each task (line) they carry
 ``leases``          which run works on which task now: one owner per task
+``run_beats``       each run's last sign of life, and its process
 ``replans``         a backfill's queued runs replaced by fewer, and the runs each took over
 ``call_slots``      the global cap on LLM calls in flight: one slot per call, N slots in all
 ``tasks``           tasks submitted over HTTP and the tenant each belongs to
@@ -36,6 +37,7 @@ from ai_pipeline import analyses
 from ai_pipeline.declaration import Declaration
 from ai_pipeline.errors import InputError
 from ai_pipeline.store.batches import Batches
+from ai_pipeline.store.beats import RunBeats
 from ai_pipeline.store.checkpoints import Checkpoints
 from ai_pipeline.store.database import DEFAULT_RETRY_SECONDS, Database, normalise_url, redact_url
 from ai_pipeline.store.documents import Documents
@@ -79,6 +81,7 @@ class Store:
         self.batches = Batches(self.db)
         self.openai_batches = OpenAIBatches(self.db)
         self.leases = Leases(self.db)
+        self.run_beats = RunBeats(self.db)
         self.replans = Replans(self.db)
         self.call_slots = CallSlots(self.db)
         self.tasks = TenantTasks(self.db, self.documents)

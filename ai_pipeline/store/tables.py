@@ -243,6 +243,17 @@ replaced_documents = sa.Table(
     sa.Column("replan", sa.Integer, nullable=False),
 )
 
+# The last sign of life of each run that works on documents, and its process: a run whose signs
+# stopped is dead to Dagster's run monitoring (``ai_pipeline.defs.run_health``).
+run_beats = sa.Table(
+    "run_beats",
+    metadata,
+    sa.Column("run_id", sa.String(64), primary_key=True),
+    sa.Column("beat_at", sa.DateTime(timezone=True), nullable=False),
+    # The run worker's process (``ai_pipeline.processes``): one known dead is failed at once.
+    sa.Column("process", sa.String(200), nullable=True),
+)
+
 leases = sa.Table(
     "leases",
     metadata,

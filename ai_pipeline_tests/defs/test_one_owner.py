@@ -183,9 +183,10 @@ def failed_in_dagster(instance: dg.DagsterInstance, ids: list[str]) -> set[str]:
     return {k for k, v in (status or {}).items() if v == dg.AssetPartitionStatus.FAILED}
 
 
-def _run_workers(daemon: DagsterProcess) -> list[int]:
+def _run_workers(daemon: DagsterProcess, marker: bytes = b"spawn_main") -> list[int]:
     """The daemon's run workers: the code server starts each run in a process of its own
-    (multiprocessing's spawn), in the daemon's process group."""
+    (multiprocessing's spawn), in the daemon's process group. With another ``marker``: those
+    processes of the group whose command line holds it."""
     assert daemon.proc is not None
     workers = []
     for pid in live_members(daemon.proc.pid):
@@ -193,7 +194,7 @@ def _run_workers(daemon: DagsterProcess) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"spawn_main" in cmdline:
+        if marker in cmdline:
             workers.append(pid)
     return workers
 
@@ -208,9 +209,11 @@ def test_a_killed_run_worker_is_reconciled_and_rerun(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A daemon-launched run worker SIGKILLed before it started all its documents (two calls in
-    flight, a window of four, twelve documents): within 60 s every document it had not finished
+    flight, a window of four, twelve documents), and its code server with it, so that nothing but
+    the daemon is left to notice: within 60 s every document it had not finished
     — those it held and those it never started — is FAILED in the store (RUN_INTERRUPTED,
-    retryable) and in Dagster, ``submit --wait`` exits non-zero with the batch not done, and
+    retryable) and in Dagster, the run itself FAILURE in Dagster within 90 s (run monitoring, the
+    run launcher's health check), ``submit --wait`` exits non-zero with the batch not done, and
     ``backfill --failed`` selects and finishes exactly those.
 
     Dagster's run retry is off here: this is the path once its one retry is spent (or where an
@@ -238,7 +241,8 @@ def test_a_killed_run_worker_is_reconciled_and_rerun(
         run_id, pids = wait_for(
             daemon, "a run worker holding documents", a_worker_holding_documents
         )
-        for pid in pids:
+        # Its code server too: the one that started it would see it die and fail its run itself.
+        for pid in pids + _run_workers(daemon, b"api\x00grpc"):
             os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()
         never_started = [d.document_id for d in store.documents.rows(ids) if d.run_id is None]
@@ -266,6 +270,17 @@ def test_a_killed_run_worker_is_reconciled_and_rerun(
             timeout=90,
         )
         assert time.monotonic() - killed_at < 60
+
+        def failed_run() -> dg.DagsterRun | None:
+            run = instance.get_run_by_id(run_id)
+            return run if run is not None and run.status == dg.DagsterRunStatus.FAILURE else None
+
+        wait_for(daemon, f"run {run_id} FAILURE in Dagster", failed_run, timeout=90)
+        assert time.monotonic() - killed_at < 90
+        monitored = [
+            e.message for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
+        ]
+        assert any("has ended" in m for m in monitored), monitored
         code, summary = finish(batch)
         assert code == 1 and summary["failed"] == len(unfinished)
 
