@@ -18,7 +18,7 @@ accelerator overrides (each one's docstring names them).
   ``make_new_run_id`` and the backfill's own methods (``with_submitting_run_requests`` …);
 - ``start_runs``, ``missed_retries``: ``submit_asset_run``, ``WorkspaceProcessContext``,
   ``InProcessWorkspaceLoadTarget``, ``InProcessCodeLocationOrigin``, ``InstigatorType``,
-  ``DagsterRunAlreadyExists``, ``BACKFILL_ID_TAG``, ``AUTO_RETRY_RUN_ID_TAG``, ``WILL_RETRY_TAG``,
+  ``DagsterRunAlreadyExists``, ``BACKFILL_ID_TAG``, ``WILL_RETRY_TAG``,
   and the daemon's ``retry_run`` and ``should_retry``.
 """
 
@@ -47,7 +47,7 @@ from dagster._core.storage.runs.sqlite.sqlite_run_storage import SqliteRunStorag
 from dagster._core.storage.schedules.sqlite.sqlite_schedule_storage import SqliteScheduleStorage
 from dagster._core.storage.sqlalchemy_compat import db_select
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS, create_db_conn_string
-from dagster._core.storage.tags import AUTO_RETRY_RUN_ID_TAG, BACKFILL_ID_TAG, WILL_RETRY_TAG
+from dagster._core.storage.tags import BACKFILL_ID_TAG, WILL_RETRY_TAG
 from dagster._core.utils import make_new_run_id
 from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
@@ -56,7 +56,6 @@ from dagster_shared.record import copy as copy_record
 
 __all__ = [
     "ASSET_KEY_INDEX_COLS",
-    "AUTO_RETRY_RUN_ID_TAG",
     "BACKFILL_ID_TAG",
     "SQLITE_BUSY_TIMEOUT_SECONDS",
     "WILL_RETRY_TAG",

@@ -8,10 +8,11 @@ moves its cursor past the event for good. The run then says it will be retried a
 its backfill waits for that retry for ever ("will be retried, but retries have not been
 launched"). It happened here under load, a run failed by the run monitor as the daemon started.
 
-``retry_missed`` retries such runs the daemon's way (``retry_failed_run``: from
-failure, tagged as its retry, only if the daemon's rules still say so), from the code location the
-daemon runs (``start_runs.daemon_workspace``), once the failure is ``GRACE_SECONDS`` old: the
-consumer would have retried it long before. The reconcile sensor calls it every tick; a run the
+``retry_missed`` retries such runs (``replan.missed_retries``, the query Dagster's own storage
+path uses to release them) the daemon's way (``retry_failed_run``: from failure, tagged as its
+retry, only if the daemon's rules still say so), from the code location the daemon runs
+(``start_runs.daemon_workspace``), once the failure is ``MISSED_RETRY_SECONDS`` old: the consumer
+would have retried it long before. The reconcile sensor calls it every tick; a run the
 daemon did retry carries the retry's id in ``dagster/auto_retry_run_id`` and is not looked at,
 and one the daemon's rules no longer retry (its backfill over) is marked ``will_retry`` false, as
 the daemon marks a run it gives up on, so that no tick asks again (each asking writes an event).
@@ -19,37 +20,14 @@ the daemon marks a run it gives up on, so that no tick asks again (each asking w
 
 from __future__ import annotations
 
-import time
-from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
 
-from ai_pipeline.accelerator.internals import AUTO_RETRY_RUN_ID_TAG, WILL_RETRY_TAG
+from ai_pipeline.accelerator.internals import WILL_RETRY_TAG
 from ai_pipeline.accelerator.start_runs import daemon_workspace
+from ai_pipeline.defs.replan import missed_retries
 from ai_pipeline.defs.site import DEFAULT_SITE, Site
-
-# How old a failure is before its missing retry counts as missed (the consumer looks every 5 s).
-GRACE_SECONDS = 60.0
-# How far back to look: a retry still missing after a day is left to `backfill --failed`.
-LOOKBACK_SECONDS = 86_400.0
-
-
-def missed_retries(
-    instance: dg.DagsterInstance, *, now: float | None = None
-) -> list[dg.DagsterRun]:
-    """The failed runs marked to be retried, failed between ``LOOKBACK_SECONDS`` and
-    ``GRACE_SECONDS`` ago, that have no retry."""
-    now = time.time() if now is None else now
-    records = instance.get_run_records(
-        filters=dg.RunsFilter(
-            statuses=[dg.DagsterRunStatus.FAILURE],
-            tags={WILL_RETRY_TAG: "true"},
-            updated_after=datetime.fromtimestamp(now - LOOKBACK_SECONDS, UTC),
-            updated_before=datetime.fromtimestamp(now - GRACE_SECONDS, UTC),
-        )
-    )
-    return [r.dagster_run for r in records if AUTO_RETRY_RUN_ID_TAG not in r.dagster_run.tags]
 
 
 def retry_missed(

@@ -264,14 +264,12 @@ def left_to_replans(store: Store, run: dg.DagsterRun, document_ids: Sequence[str
     return {d for d in document_ids if d in taken}
 
 
-def release_missed_retries(
-    instance: dg.DagsterInstance, site: Site, *, now: float | None = None
-) -> list[str]:
-    """A backfill's failed runs whose automatic retry Dagster missed (its consumer of failures
-    read the failure before the run was marked to be retried, and passed over it for good),
-    marked not to be retried: their backfill no longer waits for a retry that never comes, and
-    ends; their documents wait, FAILED and retryable, for ``backfill --failed`` or the nightly
-    schedule. Their ids."""
+def missed_retries(
+    instance: dg.DagsterInstance, *, now: float | None = None
+) -> list[dg.DagsterRun]:
+    """The failed runs marked to be retried that have no retry, failed between a day and
+    ``MISSED_RETRY_SECONDS`` ago: Dagster's consumer of failures read the failure before the run
+    was marked to be retried, and passed over it for good."""
     now = time.time() if now is None else now
     records = instance.get_run_records(
         filters=dg.RunsFilter(
@@ -281,12 +279,18 @@ def release_missed_retries(
             updated_before=datetime.fromtimestamp(now - MISSED_RETRY_SECONDS, UTC),
         )
     )
+    return [r.dagster_run for r in records if AUTO_RETRY_RUN_ID_TAG not in r.dagster_run.tags]
+
+
+def release_missed_retries(
+    instance: dg.DagsterInstance, site: Site, *, now: float | None = None
+) -> list[str]:
+    """A backfill's ``missed_retries`` of ``site``'s analysis, marked not to be retried: their
+    backfill no longer waits for a retry that never comes, and ends; their documents wait, FAILED
+    and retryable, for ``backfill --failed`` or the nightly schedule. Their ids."""
     released = []
-    for record in records:
-        run = record.dagster_run
-        if DAGSTER_BACKFILL_TAG not in run.tags or AUTO_RETRY_RUN_ID_TAG in run.tags:
-            continue
-        if not _analyses(run, site):
+    for run in missed_retries(instance, now=now):
+        if DAGSTER_BACKFILL_TAG not in run.tags or not _analyses(run, site):
             continue
         instance.add_run_tags(run.run_id, {WILL_RETRY_TAG: "false"})
         released.append(run.run_id)

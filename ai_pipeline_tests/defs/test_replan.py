@@ -4,6 +4,8 @@ show FAILED (``ai_pipeline.defs.replan``)."""
 
 from __future__ import annotations
 
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,8 @@ import pytest
 from ai_pipeline.defs.assets import ANALYSIS_KEYS, ANALYSIS_RESULTS, LLM_ANALYSIS
 from ai_pipeline.defs.checks import CHECK_SPECS
 from ai_pipeline.defs.jobs import range_tags
-from ai_pipeline.defs.replan import plan_ranges
+from ai_pipeline.defs.replan import MISSED_RETRY_SECONDS, plan_ranges, release_missed_retries
+from ai_pipeline.defs.site import DEFAULT_SITE
 from ai_pipeline.states import State
 from ai_pipeline_tests.support import (
     STATUS,
@@ -109,3 +112,36 @@ def test_a_range_run_that_fails_for_some_of_its_documents_shows_exactly_those_fa
         for e in instance.event_log_storage.get_asset_check_execution_history(spec.key, 1000):
             latest.setdefault((spec.name, e.partition or ""), e.status.value)
     assert {k: v for k, v in latest.items() if k[1] in riding and v != "SUCCEEDED"} == {}
+
+
+def test_on_dagsters_own_storage_a_missed_retry_is_released_not_waited_for(
+    instance: dg.DagsterInstance,
+) -> None:
+    """A failed run of a backfill marked to be retried, with no retry a minute after its failure,
+    is marked not to be retried (its backfill then ends); one that has its retry, one of no
+    backfill, one of another job, and any within the grace are left alone."""
+    analysis = frozenset(DEFAULT_SITE.keys)
+
+    def failed_run(tags: dict[str, str], selection: frozenset[dg.AssetKey] = analysis) -> str:
+        run = instance.add_run(
+            dg.DagsterRun(
+                job_name="analyse_documents_job",
+                run_id=str(uuid.uuid4()),
+                status=dg.DagsterRunStatus.FAILURE,
+                tags={"dagster/will_retry": "true", **tags},
+                asset_selection=selection,
+            )
+        )
+        return run.run_id
+
+    missed = failed_run({"dagster/backfill": "b1"})
+    failed_run({"dagster/backfill": "b1", "dagster/auto_retry_run_id": "r2"})
+    failed_run({})
+    failed_run({"dagster/backfill": "b1"}, frozenset({dg.AssetKey("a_teams_own")}))
+
+    assert release_missed_retries(instance, DEFAULT_SITE) == [], "within the grace"
+    later = time.time() + MISSED_RETRY_SECONDS + 1
+    assert release_missed_retries(instance, DEFAULT_SITE, now=later) == [missed]
+    released = instance.get_run_by_id(missed)
+    assert released is not None and released.tags["dagster/will_retry"] == "false"
+    assert release_missed_retries(instance, DEFAULT_SITE, now=later) == [], "once"

@@ -30,10 +30,11 @@ from dagster._core.scheduler.instigation import (
 )
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
-from ai_pipeline.accelerator.missed_retries import GRACE_SECONDS, retry_missed
+from ai_pipeline.accelerator.missed_retries import retry_missed
 from ai_pipeline.accelerator.start_runs import LIVE_SECONDS, daemon_location, start_planned_runs
 from ai_pipeline.defs.backfills import launch_backfill
 from ai_pipeline.defs.dagster_private import BulkActionStatus
+from ai_pipeline.defs.replan import MISSED_RETRY_SECONDS
 from ai_pipeline_tests.support import launcher, make_inbox, sample_text
 
 # What these tests prove is the accelerator's.
@@ -240,7 +241,7 @@ def test_a_failed_run_whose_retry_was_missed_is_retried_once_after_the_grace(
     instance: dg.DagsterInstance, planned: tuple[str, Any], backfill_over: bool
 ) -> None:
     """A run failed and marked to be retried (the checkout's ``run_retries``) with no retry: left
-    to the daemon for ``GRACE_SECONDS``, then retried once as the daemon retries, inside its
+    to the daemon for ``MISSED_RETRY_SECONDS``, then retried once as the daemon retries, inside its
     backfill; not if the backfill is over (the daemon's rule), nor with no daemon running."""
     backfill_id, _ = planned
     assert retry_missed(instance) == []
@@ -256,7 +257,7 @@ def test_a_failed_run_whose_retry_was_missed_is_retried_once_after_the_grace(
     if backfill_over:
         instance.update_backfill(backfill.with_status(BulkActionStatus.CANCELED))
 
-    later = time.time() + GRACE_SECONDS + 1
+    later = time.time() + MISSED_RETRY_SECONDS + 1
     assert retry_missed(instance) == [], "within the grace the retry is the daemon's"
     retried = retry_missed(instance, now=later)
     retries = instance.get_runs(dg.RunsFilter(tags={"dagster/parent_run_id": run.run_id}))
