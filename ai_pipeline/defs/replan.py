@@ -213,26 +213,22 @@ def replan_backfill(
         and (documents := run_documents(run, keys))
         and all(d in taken for d in documents)
     ]
-    # Until each replan's runs exist, one queued run of its documents keeps the backfill open: a
-    # backfill whose runs are all over ends, and counts the documents of its cancelled runs that
-    # nothing materialized as failed. The run kept is marked replaced, and does nothing should it
-    # start.
-    requested = {r.tags[REPLAN_TAG] for r in runs if REPLAN_TAG in r.tags}
-    waiting = {seq for seq in taken.values() if str(seq) not in requested}
+    # Until a replan's runs exist, one queued run keeps the backfill open (a backfill whose runs
+    # are all over ends): it is marked replaced, and does nothing should it start.
+    keep = not any(REPLAN_TAG in r.tags and not r.is_finished for r in runs)
     cancelled = 0
     for run, documents in replaced:
-        seq = taken[documents[0]]
         if REPLACED_TAG not in run.tags:
-            instance.add_run_tags(run.run_id, {REPLACED_TAG: f"replan {seq}"})
-        if seq in waiting:
-            waiting.discard(seq)
+            instance.add_run_tags(run.run_id, {REPLACED_TAG: f"replan {taken[documents[0]]}"})
+        if keep:
+            keep = False
             continue
         fresh = instance.get_run_by_id(run.run_id)
         if fresh is not None and fresh.status == dg.DagsterRunStatus.QUEUED:
             instance.report_run_canceled(
                 fresh,
-                message=f"replaced: its documents run in the runs of replan {seq} of backfill "
-                f"{backfill_id} (ai_pipeline's backfill planner)",
+                message=f"replaced: its documents run in the runs of replan "
+                f"{taken[documents[0]]} of backfill {backfill_id} (ai_pipeline's backfill planner)",
             )
             cancelled += 1
     if replan is None and not cancelled:
