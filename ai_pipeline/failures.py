@@ -134,7 +134,8 @@ RULES: dict[Category, Rule] = {
         False,
         Disposition.FAILED,
         "credentials re-read once and the task resubmitted; then the run stops calling (circuit "
-        "open)",
+        "open): only the documents whose request was refused fail, those not sent wait as "
+        "CONFIGURATION, and run/submit --wait/backfill --wait exit 2 naming the key's source",
         cause="401/403",
     ),
     Category.CONFIGURATION: Rule(
@@ -145,7 +146,8 @@ RULES: dict[Category, Rule] = {
         "such reply, nothing goes to review, no attempt is counted, and run/submit --wait/"
         "backfill --wait exit 2 with the one message that says what to change",
         cause="404 (no such model or path), a 400 naming a request setting (temperature, "
-        "max_tokens, response_format, model, …), nothing listening at OPENAI_BASE_URL",
+        "max_tokens, response_format, model, …), nothing listening at OPENAI_BASE_URL; a key "
+        "refused after its refresh, for the documents not yet sent",
     ),
     Category.INPUT_QUALITY_ISSUE: Rule(
         Layer.PROTOCOL,

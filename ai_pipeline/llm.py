@@ -7,8 +7,9 @@ retry reuses the same task id and ``Idempotency-Key``. What this client adds:
 - classification of every openai exception into a category, and a description of it without
   headers or keys (``ai_pipeline.llm_errors``);
 - AUTH_FAILED (401/403): refresh the credentials once — re-read the key from its source — and
-  resubmit; if that fails too the circuit opens and every other call of the run fails fast. Until a
-  call has gone through, calls go one at a time, so bad credentials cost at most two requests;
+  resubmit; if that fails too the circuit opens and every other call of the run fails fast, unsent,
+  as CONFIGURATION (the run's fault, not the document's). Until a call has gone through, calls go
+  one at a time, so bad credentials cost at most two requests;
 - CONFIGURATION (a model the endpoint does not have, a parameter it refuses, an address where
   nothing listens): the circuit opens at the first such reply, with a message naming the setting
   (``ai_pipeline.misconfiguration``); the calls already in flight are all the run sends;
@@ -26,7 +27,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -187,6 +188,10 @@ class LLMClient:
         self._proven = False
         self._probe_failures = 0
         self._circuit: ClassifiedError | None = None
+        # Cleared from a 401/403 until its refresh settles (a fresh key, or the circuit open):
+        # calls waiting for a slot do not go out meanwhile with a key just refused.
+        self._auth_settled = asyncio.Event()
+        self._auth_settled.set()
         self._answered = False  # whether any call of the run got an HTTP reply, even an error
         self.base_url = base_url
         import openai
@@ -280,10 +285,13 @@ class LLMClient:
         raise self._circuit from error
 
     def _fail_fast_if_open(self) -> None:
+        """Once the circuit is open no call is sent: a fault of the run's settings (a key, a
+        model, a parameter), not of the document, which waits, unsent, for the setting's fix."""
         if self._circuit is not None:
             raise ClassifiedError(
-                self._circuit.category,
-                f"not sent: the circuit is open after {self._circuit.message}",
+                Category.CONFIGURATION,
+                f"not sent: the circuit is open after {self._circuit.category.value} "
+                f"{self._circuit.message}",
             )
 
     async def _with_policy(self, task_id: str, request: _Request, log: Log) -> LLMReply:
@@ -299,13 +307,22 @@ class LLMClient:
 
         async def recover(failure: AttemptFailure, attempt: int) -> AttemptFailure | None:
             """After a 401/403: refresh the credentials once and resubmit, else open the circuit."""
-            nonlocal refreshed
             if failure.category == Category.CONFIGURATION:
                 return self._open_for_setting(task_id, failure, request, log)
             if failure.category != Category.AUTH_FAILED:
                 return failure
+            try:
+                return await refresh_or_open(failure)
+            finally:
+                self._auth_settled.set()
+
+        async def refresh_or_open(failure: AttemptFailure) -> AttemptFailure | None:
+            nonlocal refreshed
             if refreshed:
-                failure = failure.amended("; refused again after refreshing the credentials")
+                failure = failure.amended(
+                    "; refused again after refreshing the credentials: check the API key "
+                    f"({self.credentials.source})"
+                )
             else:
                 refreshed = True
                 if await self.credentials.refresh(generation):
@@ -319,7 +336,10 @@ class LLMClient:
                             task_id, failure.category, 1, f"{failure.message}; refreshed"
                         )
                     return None
-                failure = failure.amended("; no fresh credentials at the source")
+                failure = failure.amended(
+                    f"; no fresh credentials at the source: check the API key "
+                    f"({self.credentials.source})"
+                )
             self._circuit = ClassifiedError(failure.category, failure.message)
             log.error(
                 f"[CIRCUIT for TASK:{task_id}] {failure.message}: open, the run stops calling"
@@ -369,9 +389,12 @@ class LLMClient:
             reply = await self._request(task_id, request)
         except BaseException as e:
             if isinstance(e, Exception):
-                mark_failed(current, classify(e), describe(e))
+                category = classify(e)
+                mark_failed(current, category, describe(e))
                 if getattr(e, "status_code", None) is not None:
                     self._answered = True  # an error reply is an answer: the address is right
+                    if category == Category.AUTH_FAILED:
+                        self._auth_settled.clear()
             raise
         self._answered = True
         current.set_attribute("llm.prompt_tokens", reply.prompt_tokens or 0)
@@ -385,6 +408,10 @@ class LLMClient:
         cap = self.global_cap.hold() if self.global_cap else nullcontext()
         async with self._semaphore, cap:
             self._refuse_if_stopping(task_id)
+            if not self._auth_settled.is_set():
+                with suppress(TimeoutError):  # a refresh never settled (cancelled): go on
+                    await asyncio.wait_for(self._auth_settled.wait(), self.timeout_seconds)
+            self._fail_fast_if_open()
             reserved = self.meter.max_completion_tokens if self.meter else None
             body = chat_request(
                 self.model,

@@ -62,6 +62,15 @@ class Credentials:
             return out.stdout.strip() if out.returncode == 0 else None
         return os.environ.get(self.key_env) or None
 
+    @property
+    def source(self) -> str:
+        """Where the key is read from, as a person fixes it (never the key)."""
+        if self.key_file:
+            return f"the key file {self.key_file}"
+        if self.key_command:
+            return "the key command"
+        return f"${self.key_env}"
+
     async def refresh(self, seen_generation: int) -> bool:
         """Get a fresh key unless another call already did; False when no new key is to be had."""
         async with self._lock:

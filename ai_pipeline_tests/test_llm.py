@@ -434,8 +434,9 @@ async def _gather_analyses(client: LLMClient, tids: list[str]) -> list[Any]:
 def test_an_invalid_key_everywhere_fails_the_whole_run_after_two_requests(
     simulator: SimulatorServer, source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With no valid key anywhere, 6 concurrent documents all fail with AUTH_FAILED at a cost of
-    two requests (the first and its resubmission), and the circuit is open."""
+    """With no valid key anywhere, 6 concurrent documents fail at a cost of two requests (the
+    first and its resubmission): that one AUTH_FAILED, naming where the key comes from, the five
+    never sent CONFIGURATION; the circuit is open."""
     simulator.set_api_keys({"the-only-good-key"})
     creds = credentials_from(
         source, "expired-key-all", f"still-bad-{source}", tmp_path, monkeypatch
@@ -450,7 +451,9 @@ def test_an_invalid_key_everywhere_fails_the_whole_run_after_two_requests(
 
     results = run_with(factory, lambda client: _gather_analyses(client, tids))
     assert all(isinstance(r, ClassifiedError) for r in results), results
-    assert [r.category for r in results] == [Category.AUTH_FAILED] * 6
+    # The one sent is the document's failure; the others were never sent: the run's setting.
+    assert [r.category for r in results] == [Category.AUTH_FAILED] + [Category.CONFIGURATION] * 5
+    assert all("not sent" in r.message for r in results[1:])
     stats = simulator.stats()
     assert stats["total"] <= 2
     assert stats["total"] == 2  # refreshed once and resubmitted, under one task id
@@ -464,7 +467,7 @@ def test_an_open_circuit_fails_later_calls_without_a_request(
     simulator: SimulatorServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """When the source holds the same refused key, one request opens the circuit and a later
-    call fails fast with AUTH_FAILED without reaching the endpoint."""
+    call fails fast without reaching the endpoint, as the run's CONFIGURATION: never sent."""
     simulator.set_api_keys({"the-only-good-key"})
     creds = credentials_from("file", "refused-key-1", "refused-key-1", tmp_path, monkeypatch)
     first, later = task_id("circuit1"), task_id("circuit2")
@@ -478,8 +481,9 @@ def test_an_open_circuit_fails_later_calls_without_a_request(
         return one.value, two.value, client.circuit_open
 
     one, two, circuit_open = run_with(lambda: make_client(simulator, fake, creds), body)
-    assert (one.category, two.category) == (Category.AUTH_FAILED, Category.AUTH_FAILED)
+    assert (one.category, two.category) == (Category.AUTH_FAILED, Category.CONFIGURATION)
     assert "no fresh credentials" in one.message
+    assert "check the API key (the key file" in one.message
     assert "circuit is open" in two.message
     assert circuit_open
     assert simulator.requests_for(first) == 1
@@ -509,7 +513,9 @@ def test_bad_credentials_cost_two_requests_even_after_a_network_failure(
         return await _gather_analyses(client, tids)
 
     results = run_with(lambda: make_client(simulator, fake, creds, max_concurrency=4), body)
-    assert [getattr(r, "category", r) for r in results] == [Category.AUTH_FAILED] * 6
+    assert [getattr(r, "category", r) for r in results] == [Category.AUTH_FAILED] + [
+        Category.CONFIGURATION
+    ] * 5
     assert simulator.requests_for(lost) == 3
     assert sum(simulator.requests_for(t) for t in tids) <= 2
 
@@ -542,7 +548,10 @@ def test_auth_failures_never_show_the_key(
         return out
 
     results = run_with(factory, with_log)
-    assert [getattr(r, "category", None) for r in results] == [Category.AUTH_FAILED] * 2
+    assert [getattr(r, "category", None) for r in results] == [
+        Category.AUTH_FAILED,
+        Category.CONFIGURATION,
+    ]
     texts = [str(r) for r in results] + [r.message for r in results] + log.lines
     texts += [c[3] for c in hook.calls]
     assert log.errors, "the circuit opening is logged"

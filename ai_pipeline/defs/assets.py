@@ -289,11 +289,12 @@ def _analyse(
         # were in the results database (QUEUED, no attempt counted, nobody's review).
         circuit = analyser.llm.circuit
         reason = circuit.message if circuit is not None else stopped[0].error
+        category = circuit.category if circuit is not None else stopped[0].category
         _mark_failed(context, site, {d: f for d, f in failed.items() if not f.category.stops_run})
         raise dg.Failure(
-            description=f"the run stopped ({stopped[0].category.value}): {reason}",
+            description=f"the run stopped ({category.value}): {reason}",
             metadata={
-                "category": dg.MetadataValue.text(stopped[0].category.value),
+                "category": dg.MetadataValue.text(category.value),
                 "reason": dg.MetadataValue.text(reason),
                 "documents_left_as_they_were": dg.MetadataValue.int(len(stopped)),
                 "failed": dg.MetadataValue.int(len(failed) - len(stopped)),

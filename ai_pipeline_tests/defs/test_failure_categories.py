@@ -9,7 +9,10 @@ per backend (see ``_observe_fault_table``). Network retries really sleep 1 s + 2
 
 from __future__ import annotations
 
+import json
 import re
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -275,10 +278,12 @@ def test_auth_failure_is_cured_by_one_credentials_refresh(
     assert results_store().results.count() == len(texts)
 
 
-def test_auth_failure_with_no_valid_key_anywhere_fails_the_run_at_two_requests(
+def test_auth_failure_with_no_valid_key_anywhere_stops_the_run_at_two_requests(
     instance: dg.DagsterInstance, simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With no valid key at the source either, every document fails AUTH_FAILED for ≤ 2 requests."""
+    """With no valid key at the source either, the run stops after ≤ 2 requests: the document
+    sent is FAILED (AUTH_FAILED), those never sent wait QUEUED (CONFIGURATION), and the report
+    says why the run stopped, naming where the key comes from."""
     _keys(
         simulator,
         tmp_path,
@@ -290,15 +295,85 @@ def test_auth_failure_with_no_valid_key_anywhere_fails_the_run_at_two_requests(
 
     report = _run(tmp_path)
 
-    assert {d["document_id"]: (d["state"], d["category"]) for d in report["documents"]} == {
-        doc_id(t): ("FAILED", "AUTH_FAILED") for t in texts.values()
-    }
     requests = simulator.stats()["requests"]
     assert len(requests) <= 2
     assert len({r["key"] for r in requests}) == 1 and {r["status"] for r in requests} == {401}
+    sent = {r["key"] for r in requests}
+    outcome = {d["document_id"]: (d["state"], d["category"]) for d in report["documents"]}
+    assert outcome == {
+        doc_id(t): ("FAILED", "AUTH_FAILED")
+        if task_of(doc_id(t)) in sent
+        else ("QUEUED", "CONFIGURATION")
+        for t in texts.values()
+    }
+    assert "check the API key (the key file" in report["stopped"]
     assert results_store().results.count() == 0
     ids = [doc_id(t) for t in texts.values()]
     assert statuses(instance, ANALYSIS_RESULTS, ids) == {i: STATUS.FAILED for i in ids}
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the endpoint's fault alone
+def test_a_key_revoked_mid_batch_stops_the_run_not_the_documents_and_its_return_pays_nothing_twice(
+    instance: dg.DagsterInstance,
+    simulator,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The key revoked after 10 of 30 requests, the same key at its source: ``run`` stops calling
+    at once (≤ 2 × concurrency requests refused), exits 2 with one error naming the key's
+    source, sends nothing to review; only documents whose request went out have an outcome
+    (FAILED, AUTH_FAILED), those never sent wait QUEUED. The key back, the same command
+    completes all 30, and no document is paid for twice."""
+    from ai_pipeline.cli import main
+
+    concurrency = 4
+    monkeypatch.setenv("AI_PIPELINE_LLM_CONCURRENCY", str(concurrency))
+    _keys(simulator, tmp_path, monkeypatch, accepted=TEST_API_KEY, at_source=TEST_API_KEY)
+    texts = {f"doc-{i:02d}.txt": sample_text(300 + i) for i in range(30)}
+    inbox = make_inbox(tmp_path / "inbox", texts)
+    ids = [doc_id(t) for t in texts.values()]
+
+    def revoke_after(requests: int) -> None:
+        while simulator.stats()["total"] < requests:
+            time.sleep(0.002)
+        simulator.set_api_keys({"the-key-that-replaced-it"})
+
+    revoker = threading.Thread(target=revoke_after, args=(10,), daemon=True)
+    revoker.start()
+    capsys.readouterr()
+    code = main(["run", "--inbox", str(inbox), "--json"])
+    out, err = capsys.readouterr()
+    revoker.join(timeout=5)
+
+    assert code == 2, err
+    errors = [line for line in err.splitlines() if line.startswith("ai-pipeline: error:")]
+    assert len(errors) == 1 and "check the API key (the key file" in errors[0], err
+    requests = simulator.stats()["requests"]
+    refused = [r for r in requests if r["status"] == 401]
+    assert 1 <= len(refused) <= 2 * concurrency
+    sent = {r["key"] for r in requests}
+    report = json.loads(out)
+    by_state = {d["document_id"]: (d["state"], d["category"]) for d in report["documents"]}
+    failed = {d for d, (state, _) in by_state.items() if state == "FAILED"}
+    assert {by_state[d] for d in failed} <= {("FAILED", "AUTH_FAILED")}
+    assert failed <= {d for d in ids if task_of(d) in sent}, "only documents sent have failed"
+    unsent = [d for d in ids if task_of(d) not in sent]
+    assert unsent and {by_state[d] for d in unsent} == {("QUEUED", "CONFIGURATION")}
+    assert results_store().reviews.items() == []
+
+    simulator.set_api_keys({TEST_API_KEY})
+    paid = {d: simulator.requests_for(task_of(d)) for d in ids}
+    answered = {r["key"] for r in requests if r["status"] == 200}
+
+    code = main(["run", "--inbox", str(inbox), "--json"])
+    again = json.loads(capsys.readouterr().out)
+
+    assert code == 0
+    assert {d["state"] for d in again["documents"]} == {"COMPLETED"}
+    assert results_store().results.count() == len(ids)
+    for d in ids:
+        assert simulator.requests_for(task_of(d)) == paid[d] + (task_of(d) not in answered), d
 
 
 def test_failing_document_is_traceable_by_task_id_and_no_secret_leaks(
