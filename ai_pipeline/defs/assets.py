@@ -39,7 +39,13 @@ from ai_pipeline.defs.jobs import DOCUMENTS_PER_BACKFILL_RUN
 from ai_pipeline.defs.logs import run_log
 from ai_pipeline.defs.openai_batches import VIA_TAG, batch_jobs
 from ai_pipeline.defs.partitions import NAMED_DOCUMENTS, named_by
-from ai_pipeline.defs.replan import left_to_replans, planned_by_dagster, replan_backfill
+from ai_pipeline.defs.replan import (
+    HANDOVER_SECONDS,
+    hand_over,
+    left_to_replans,
+    planned_by_dagster,
+    replan_backfill,
+)
 from ai_pipeline.defs.resources import LLMResource, PipelineSettings, ResultsStore
 from ai_pipeline.defs.run_health import beating
 from ai_pipeline.defs.runs import run_is_over
@@ -172,6 +178,12 @@ def _analyse(
             f"{len(left)} of this run's documents were taken by a replan of its backfill: they "
             "are analysed in the replan's runs, not here"
         )
+        if not hand_over(context.instance, context.run, site, left):
+            context.log.warning(
+                f"no run of a replan holds them after {HANDOVER_SECONDS:.0f} s (is the backfill "
+                "planner sensor stopped?): should the backfill end without them, "
+                "`ai-pipeline backfill --failed` runs them"
+            )
         document_ids = [d for d in document_ids if d not in left]
         if not document_ids and REPLACED_TAG not in context.run.tags:
             context.instance.add_run_tags(context.run.run_id, {REPLACED_TAG: "replan"})

@@ -6,12 +6,16 @@ it creates one by one. Once the first of them exists, the backfill's documents t
 runs has begun are planned in runs of the run size (a replan, ``store.replans``), requested by the
 backfill planner sensor under the same backfill (its ``dagster/backfill`` tag: the backfill counts
 their materializations and stays open until they end), and Dagster's runs of those documents are
-cancelled while they wait in the queue. The first of Dagster's runs to start replans before its
-own work, and the sensor on each tick: only Dagster's first wave ever works. It needs nothing but
-Dagster's public calls, so it is how every backfill gets few runs on Dagster's own storage.
+cancelled in the queue once the replan's runs hold them. The first of Dagster's runs to start
+replans before its own work, and the sensor on each tick: only Dagster's first wave ever works.
+It needs nothing but Dagster's public calls, so it is how every backfill gets few runs on
+Dagster's own storage.
 
-The rule: a document is analysed in one run. A replan takes each document once, and a run of
+The rules: a document is analysed in one run — a replan takes each document once, and a run of
 Dagster's that starts anyway leaves the documents a replan took to its runs (``left_to_replans``).
+And a backfill never has all its runs over while a replan's documents wait: Dagster ends such a
+backfill, counting a cancelled run's documents as failed, so a run of Dagster's holding taken
+documents is neither cancelled nor let end before a run of the replan holds them (``hand_over``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ from ai_pipeline.store.rows import Replan
 
 # The tag of a run a replan requested: the replan's number.
 REPLAN_TAG = "ai_pipeline/replan"
+# Dagster's run queue starts the runs of a higher priority first.
+PRIORITY_TAG = "dagster/priority"
 # A failed run marked to be retried whose retry has not come after this long was missed: Dagster's
 # consumer of failures looks every 5 s. Older than a day, it is left alone.
 MISSED_RETRY_SECONDS = 60.0
@@ -52,6 +58,12 @@ MISSED_RETRY_LOOKBACK_SECONDS = 86_400.0
 # are re-reported from their checkpoints (no call): about a hundredth of a run's start each. A gap
 # of more than this many documents is cheaper as another run.
 MOST_RIDING_ALONG = 200
+
+_NOT_BEGUN = (
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.CANCELED,
+)
 
 # Dagster's tags that say what a run is, not what it is for: a new run gets its own.
 _OWN_TAGS = (
@@ -179,14 +191,16 @@ def replan_backfill(
     """Plan in runs of the run size the documents of a backfill that none of its runs has begun
     and no replan took (recorded, for the backfill planner sensor to request), where that makes
     fewer runs than Dagster's ``policy_size`` per stretch of contiguous documents; then cancel
-    Dagster's queued runs whose documents replans took. What was done, or None."""
+    Dagster's queued runs whose documents replans took and their runs hold. What was done, or
+    None."""
     runs = instance.get_runs(dg.RunsFilter(tags={DAGSTER_BACKFILL_TAG: backfill_id}))
     keys = instance.get_dynamic_partitions(site.partitions)
+    # A run of Dagster's not yet queued (NOT_STARTED: the daemon submits it) has not begun
+    # either; whenever it starts, it leaves the documents a replan took (``left_to_replans``).
     begun = {
         d
         for run in runs
-        if run.status not in (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.CANCELED)
-        and REPLAN_TAG not in run.tags
+        if run.status not in _NOT_BEGUN and REPLAN_TAG not in run.tags
         for d in run_documents(run, keys)
     }
     taken = store.replans.taken(backfill_id)
@@ -213,15 +227,14 @@ def replan_backfill(
         and (documents := run_documents(run, keys))
         and all(d in taken for d in documents)
     ]
-    # Until a replan's runs exist, one queued run keeps the backfill open (a backfill whose runs
-    # are all over ends): it is marked replaced, and does nothing should it start.
-    keep = not any(REPLAN_TAG in r.tags and not r.is_finished for r in runs)
+    # A replaced run is cancelled only once a run of a replan holds each of its documents: a
+    # backfill whose runs are all over ends, counting a cancelled run's documents as failed.
+    requested = replans_hold(runs, keys)
     cancelled = 0
     for run, documents in replaced:
         if REPLACED_TAG not in run.tags:
             instance.add_run_tags(run.run_id, {REPLACED_TAG: f"replan {taken[documents[0]]}"})
-        if keep:
-            keep = False
+        if not all(d in requested for d in documents):
             continue
         fresh = instance.get_run_by_id(run.run_id)
         if fresh is not None and fresh.status == dg.DagsterRunStatus.QUEUED:
@@ -255,6 +268,11 @@ def replan_open_backfills(
     return [d for d in done if d is not None]
 
 
+def replans_hold(runs: Iterable[dg.DagsterRun], partition_keys: Sequence[str]) -> set[str]:
+    """The documents that a run of a replan, among ``runs``, holds."""
+    return {d for run in runs if REPLAN_TAG in run.tags for d in run_documents(run, partition_keys)}
+
+
 def left_to_replans(store: Store, run: dg.DagsterRun, document_ids: Sequence[str]) -> set[str]:
     """The documents of a run of a backfill that a replan took: they run in its runs, not here."""
     backfill_id = run.tags.get(DAGSTER_BACKFILL_TAG)
@@ -262,6 +280,39 @@ def left_to_replans(store: Store, run: dg.DagsterRun, document_ids: Sequence[str
         return set()
     taken = store.replans.taken(backfill_id)
     return {d for d in document_ids if d in taken}
+
+
+# How long a run whose documents a replan took waits for the replan's runs: past READY_SECONDS,
+# the backfill planner sensor requests them on its next tick.
+HANDOVER_SECONDS = 360.0
+
+
+def hand_over(
+    instance: dg.DagsterInstance,
+    run: dg.DagsterRun,
+    site: Site,
+    document_ids: Iterable[str],
+    *,
+    timeout: float = HANDOVER_SECONDS,
+    poll: float = 1.0,
+) -> bool:
+    """Wait until runs of a replan hold ``document_ids``, taken from ``run`` by a replan: the
+    backfill stays open while a run of it is not over, so until then this run must not end (a
+    backfill whose runs are all over ends, and those documents would never have run). Whether
+    they exist; False after ``timeout`` (the backfill planner sensor is stopped)."""
+    backfill_id = run.tags[DAGSTER_BACKFILL_TAG]
+    wanted = set(document_ids)
+    deadline = time.monotonic() + timeout
+    keys: Sequence[str] | None = None
+    while True:
+        runs = instance.get_runs(dg.RunsFilter(tags={DAGSTER_BACKFILL_TAG: backfill_id}))
+        if any(REPLAN_TAG in r.tags for r in runs):
+            keys = keys or instance.get_dynamic_partitions(site.partitions)
+            if wanted <= replans_hold(runs, keys):
+                return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
 
 
 def missed_retries(
@@ -351,6 +402,10 @@ def _request(
     of assets and checks of a run Dagster planned for the backfill (``template``)."""
     digest = hashlib.sha256("\n".join(documents).encode()).hexdigest()[:16]
     inherited = {k: v for k, v in template.tags.items() if k not in _OWN_TAGS}
+    try:
+        priority = int(inherited.get(PRIORITY_TAG, "0")) + 1
+    except ValueError:
+        priority = 1
     return dg.RunRequest(
         run_key=f"replan:{replan.seq}:{digest}",
         job_name=site.job_name,
@@ -366,6 +421,8 @@ def _request(
             **range_tags(documents),
             DAGSTER_BACKFILL_TAG: replan.backfill_id,
             REPLAN_TAG: str(replan.seq),
+            # Ahead of the backfill's queued runs: those it replaces are cancelled once it exists.
+            PRIORITY_TAG: str(priority),
         },
     )
 

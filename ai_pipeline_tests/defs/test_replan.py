@@ -11,11 +11,23 @@ from typing import Any
 
 import dagster as dg
 import pytest
+from dagster._core.remote_origin import (
+    GrpcServerCodeLocationOrigin,
+    RemoteJobOrigin,
+    RemoteRepositoryOrigin,
+)
 
 from ai_pipeline.defs.assets import ANALYSIS_KEYS, ANALYSIS_RESULTS, LLM_ANALYSIS
 from ai_pipeline.defs.checks import CHECK_SPECS
 from ai_pipeline.defs.jobs import range_tags
-from ai_pipeline.defs.replan import MISSED_RETRY_SECONDS, plan_ranges, release_missed_retries
+from ai_pipeline.defs.replan import (
+    MISSED_RETRY_SECONDS,
+    REPLAN_TAG,
+    hand_over,
+    plan_ranges,
+    release_missed_retries,
+    replan_backfill,
+)
 from ai_pipeline.defs.site import DEFAULT_SITE
 from ai_pipeline.states import State
 from ai_pipeline_tests.support import (
@@ -145,3 +157,59 @@ def test_on_dagsters_own_storage_a_missed_retry_is_released_not_waited_for(
     released = instance.get_run_by_id(missed)
     assert released is not None and released.tags["dagster/will_retry"] == "false"
     assert release_missed_retries(instance, DEFAULT_SITE, now=later) == [], "once"
+
+
+def test_a_replaced_run_is_cancelled_and_ends_only_once_a_replans_run_holds_its_documents(
+    instance: dg.DagsterInstance,
+) -> None:
+    """A backfill whose runs are all over ends, counting a cancelled run's documents as failed: so
+    Dagster's queued runs whose documents a replan took stay queued (marked replaced) until a run
+    of the replan holds each of their documents, and one that starts meanwhile waits for it."""
+    instance.add_dynamic_partitions(DEFAULT_SITE.partitions, KEYS)
+    store = results_store()
+    assert store.replans.record("b1", [KEYS[1:4]], named=False) is not None
+
+    # A queued run names the code it runs (never used here: nothing starts).
+    origin = RemoteJobOrigin(
+        RemoteRepositoryOrigin(GrpcServerCodeLocationOrigin("localhost", 1), "__repository__"),
+        DEFAULT_SITE.job_name,
+    )
+
+    def run(status: dg.DagsterRunStatus, tags: dict[str, str]) -> dg.DagsterRun:
+        return instance.add_run(
+            dg.DagsterRun(
+                job_name=DEFAULT_SITE.job_name,
+                run_id=str(uuid.uuid4()),
+                status=status,
+                tags={"dagster/backfill": "b1", **tags},
+                asset_selection=frozenset(DEFAULT_SITE.keys),
+                remote_job_origin=origin,
+            )
+        )
+
+    queued = [run(dg.DagsterRunStatus.QUEUED, {"dagster/partition": k}) for k in KEYS[1:4]]
+    started = run(dg.DagsterRunStatus.STARTED, {"dagster/partition": KEYS[3]})
+
+    def replan() -> None:
+        replan_backfill(instance, store, DEFAULT_SITE, "", "b1", 1)
+
+    def statuses_now() -> list[dg.DagsterRunStatus]:
+        return [instance.get_run_by_id(r.run_id).status for r in queued]  # type: ignore[union-attr]
+
+    replan()
+    assert statuses_now() == [dg.DagsterRunStatus.QUEUED] * 3
+    assert all(
+        "ai_pipeline/replaced_by" in instance.get_run_by_id(r.run_id).tags  # type: ignore[union-attr]
+        for r in queued
+    )
+    assert not hand_over(instance, started, DEFAULT_SITE, [KEYS[3]], timeout=0.2, poll=0.05)
+
+    run(dg.DagsterRunStatus.QUEUED, {**range_tags(KEYS[1:3]), REPLAN_TAG: "1"})
+    replan()
+    assert statuses_now() == [dg.DagsterRunStatus.CANCELED] * 2 + [dg.DagsterRunStatus.QUEUED]
+    assert not hand_over(instance, started, DEFAULT_SITE, [KEYS[3]], timeout=0.2, poll=0.05)
+
+    run(dg.DagsterRunStatus.QUEUED, {**range_tags(KEYS[3:4]), REPLAN_TAG: "1"})
+    assert hand_over(instance, started, DEFAULT_SITE, [KEYS[3]], timeout=0)
+    replan()
+    assert statuses_now() == [dg.DagsterRunStatus.CANCELED] * 3
