@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 from ai_pipeline.cli import backfill, batches, openai_batches, process, rehearsal, review, serve
 from ai_pipeline.cli.common import EXIT_USAGE
+from ai_pipeline.cli.library_logs import plainly
 from ai_pipeline.errors import InputError
 
 
@@ -95,7 +96,10 @@ def _analysis(name: str | None, every: bool = False) -> Iterator[None]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with _analysis(getattr(args, "analysis", None), getattr(args, "every_analysis", False)):
+        with (
+            plainly(),
+            _analysis(getattr(args, "analysis", None), getattr(args, "every_analysis", False)),
+        ):
             return int(args.func(args))
     except InputError as e:  # usage, configuration, a request that does not fit: one line
         print(f"ai-pipeline: error: {e}", file=sys.stderr)
