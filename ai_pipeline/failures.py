@@ -103,6 +103,11 @@ class Category(str, enum.Enum):
         return RULES[self].disposition == Disposition.STOPPED
 
 
+# The failures of a run, not of its documents (its end, its database): ``run`` gives their
+# documents another wave, and another ``run`` finishes them.
+RUN_FAULTS = frozenset({Category.RUN_INTERRUPTED, Category.DATABASE_UNAVAILABLE})
+
+
 @dataclass(frozen=True)
 class Rule:
     layer: Layer

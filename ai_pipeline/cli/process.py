@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from ai_pipeline.cli.common import (
     launcher,
     say,
 )
+from ai_pipeline.failures import RUN_FAULTS, Category
 from ai_pipeline.states import State
 
 DEMO_API_KEY = "sim-demo-key"
@@ -33,7 +35,36 @@ def cmd_run(args: argparse.Namespace) -> int:
         Path(args.inbox), verbose=args.verbose, budget=budget_of(args)
     )
     emit(args, report)
+    left = left_by_the_run(report)
+    if left:
+        faults = sorted({d["category"] or d["state"] for d in left})
+        print(
+            f"ai-pipeline: {len(left)} documents are not finished for a fault of the run, not "
+            f"theirs ({', '.join(faults)}): `ai-pipeline run --inbox {args.inbox}` again "
+            "finishes them (`ai-pipeline status` says why for each)",
+            file=sys.stderr,
+        )
     return exit_code(report)
+
+
+def left_by_the_run(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The documents of a ``run`` report that another ``run`` finishes: never started, or
+    stopped by the run's end or its database; not those another run holds, nor a setting's."""
+    elsewhere = {d["document_id"] for d in report.get("in_progress_elsewhere", [])}
+    unstarted = (State.PENDING.value, State.QUEUED.value, State.RUNNING.value)
+    return [
+        d
+        for d in report["documents"]
+        if d["document_id"] not in elsewhere
+        and (
+            (d["state"] in unstarted and d["category"] is None)
+            or (
+                d["category"] is not None
+                and Category(d["category"]) in RUN_FAULTS
+                and d["state"] != State.DEAD_LETTER.value
+            )
+        )
+    ]
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

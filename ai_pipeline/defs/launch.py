@@ -40,6 +40,7 @@ from ai_pipeline.defs.sensors import run_statuses
 from ai_pipeline.defs.site import DEFAULT_SITE, Site
 from ai_pipeline.documents import display_path
 from ai_pipeline.errors import InputError
+from ai_pipeline.failures import RUN_FAULTS
 from ai_pipeline.inbox import list_files
 from ai_pipeline.intake import (
     contiguous_ranges,
@@ -47,13 +48,14 @@ from ai_pipeline.intake import (
     unique_in_order,
 )
 from ai_pipeline.progress import Pace, Progress
-from ai_pipeline.reconcile import RUN_OVER, reconcile
+from ai_pipeline.reconcile import RUN_OVER, fail_unstarted, reconcile
 from ai_pipeline.reporting import status_report
 from ai_pipeline.review import approve as record_approval
 from ai_pipeline.settings import Settings
 from ai_pipeline.spend import BUDGET_TAG, Budget
 from ai_pipeline.states import State
 from ai_pipeline.store import Store, open_store
+from ai_pipeline.store.database import StoreUnavailable
 from ai_pipeline.store.documents import ENDED
 from ai_pipeline.store.rows import Decision, DocumentRow
 from ai_pipeline.tasks import SECTION_STEP_PREFIX
@@ -324,6 +326,11 @@ class Launcher:
                 # The run has returned in this process: it holds nothing any more, whatever
                 # Dagster could record of its end (its storage may have been down just then).
                 reconcile(self.store, returned(result.run_id, run_statuses(self.instance)))
+                if not result.success:
+                    # A run that failed on its own account may leave documents it never started:
+                    # each gets the reason (RUN_INTERRUPTED), not a silent PENDING.
+                    with contextlib.suppress(StoreUnavailable):
+                        fail_unstarted(self.store, result.run_id, self._untouched(batch))
                 outcome = "succeeded" if result.success else "had failures"
                 self.progress(f"run {i}/{len(ranges)}: {outcome}")
         return runs
@@ -341,6 +348,12 @@ class Launcher:
             key = f"launch:{uuid.uuid4().hex}"
             self.store.spend.set_budget(key, tokens=budget.tokens, usd=budget.usd)
         runs = self.execute(todo, verbose=verbose, budget=key)
+        left = self.left_by_failed_runs(todo) if not all(r["success"] for r in runs) else []
+        if left:
+            # A run that failed on its own account (its database away past the retries, its
+            # worker gone) leaves documents no outcome of theirs explains: one more wave.
+            self.progress(f"{len(left)} documents left by a run that failed: one more run for them")
+            runs += self.execute(left, verbose=verbose, budget=key)
         report = self.outcome(registration.document_ids, [r["run_id"] for r in runs])
         state = self.store.spend.budget(key) if key else None
         spent = [self.store.spend.for_run(r["run_id"]) for r in runs]
@@ -359,6 +372,33 @@ class Launcher:
             },
             "budget": state.as_dict() if state else None,
         }
+
+    def _untouched(self, document_ids: Sequence[str]) -> list[str]:
+        """Those of the documents no run has started or stopped (no category: not held)."""
+        return [
+            d.document_id
+            for d in self.store.documents.rows(document_ids)
+            if d.state in (State.PENDING, State.QUEUED) and d.category is None
+        ]
+
+    def left_by_failed_runs(self, document_ids: Sequence[str]) -> list[str]:
+        """The documents not done (``not_done``) for a reason of the run's, not theirs: completed
+        here but not materialized in Dagster (re-reported from their checkpoints, no call), never
+        started, or stopped by the run's end or its database (``RUN_INTERRUPTED``,
+        ``DATABASE_UNAVAILABLE``). A document's own failure, or the run's settings
+        (``CONFIGURATION``), is not the run's to redo."""
+        undone = self.not_done(document_ids)
+        docs = {d.document_id: d for d in self.store.documents.rows(undone)}
+        return [
+            d
+            for d in undone
+            if d in docs
+            and (
+                docs[d].state == State.COMPLETED
+                or (docs[d].state in (State.PENDING, State.QUEUED) and docs[d].category is None)
+                or (docs[d].category in RUN_FAULTS and docs[d].state != State.DEAD_LETTER)
+            )
+        ]
 
     def outcome(self, document_ids: Sequence[str], run_ids: Sequence[str]) -> dict[str, Any]:
         """The status of these documents after the given runs, with the ones another run still
