@@ -55,6 +55,28 @@ class AnalysisScaffolder(dg.Scaffolder):
         )
 
 
+# A declaration's ``model`` is the component's ``llm`` attribute.
+_MODEL_PATH = re.compile(r"(?<![\w.])model\.")
+
+
+def as_written(message: str, defs_yaml: Path) -> str:
+    """A declaration's error as the team wrote it: attributes under their names in the file
+    (``llm.…``, not ``model.…``), the file, and the line of the first attribute it names."""
+    message = _MODEL_PATH.sub("llm.", message)
+    line = None
+    try:
+        lines = defs_yaml.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        lines = []
+    for key in re.findall(r"(?:^|[:;] )([a-z_][\w.]*): ", message)[:1]:
+        for part in reversed(key.split(".")):
+            found = [i for i, text in enumerate(lines, 1) if re.search(rf"\b{part}\s*:", text)]
+            if found:
+                line = found[0]
+                break
+    return f"{defs_yaml}{f':{line}' if line else ''}: {message}"
+
+
 def _module_of(folder: Path, project_root: Path | None) -> str:
     """The import path of a folder of the project (``src/`` layout or not)."""
     folder = folder.resolve()
@@ -73,14 +95,22 @@ STARTER_INSTRUCTIONS = (
 
 STARTER_MODEL = textwrap.dedent(
     '''\
-    """The output of one document's analysis: edit the fields, then `dg check defs`."""
+    """The output of one document's analysis: edit the fields, then `dg check defs`.
+
+    Bound every string and list: a constrained model stops at the bound, not at its limit."""
+
+    from typing import Annotated
 
     from pydantic import BaseModel, Field
 
 
     class Output(BaseModel):
-        summary: str = Field(description="What the document says, in one or two sentences.")
-        quotes: list[str] = Field(description="Passages of the document, exactly as written.")
+        summary: str = Field(
+            max_length=400, description="What the document says, in one or two sentences."
+        )
+        quotes: list[Annotated[str, Field(max_length=300)]] = Field(
+            max_length=5, description="Passages of the document, exactly as written."
+        )
         confidence: float = Field(ge=0, le=1, description="How sure the analysis is, 0 to 1.")
     '''
 )
@@ -171,7 +201,10 @@ class Analysis(dg.Component, dg.Model, dg.Resolvable):
         return Declaration.build(**{k: v for k, v in values.items() if v is not None})
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        declaration = self.declaration(context.path)
+        try:
+            declaration = self.declaration(context.path)
+        except DeclarationError as e:
+            raise DeclarationError(as_written(str(e), context.path / "defs.yaml")) from None
         analyses.register(declaration)
         site = Site(
             analysis=declaration.name,

@@ -112,6 +112,7 @@ def _reduce_values() -> dict[str, object]:
         ({"confidence_field": "sure"}, "confidence_field: Ticket has no field 'sure'"),
         ({"grounded_fields": ("urgency",)}, "Ticket.urgency is not a string or a list"),
         ({"summary_field": "products"}, "summary_field: Ticket.products is not a string"),
+        ({"summary_field": "reasn"}, "summary_field: Ticket has no field 'reasn' (its fields:"),
         ({"output_model": "ai_pipeline.nowhere:Ticket"}, "output_model: Invalid python path"),
         ({"name": "Ticket-Triage"}, "name: String should match pattern"),
         ({"instructons": "typo"}, "instructons: Extra inputs are not permitted"),
@@ -275,3 +276,17 @@ def test_clauses_are_cut_at_the_highest_family_of_marks_a_contract_uses() -> Non
     assert [s.title for s in CONTRACT_REVIEW.cut(zh)] == ["租赁合同", "第二条 租金", "第三条 押金"]
     md = "# Agreement\n\nBetween A and B.\n\n## 1. Services\nDesign.\n\n## 2. Fees\n1) Net 30.\n"
     assert [s.title for s in CONTRACT_REVIEW.cut(md)] == ["Agreement", "2. Fees"]
+
+
+def test_the_confidence_checks_description_shows_the_threshold_in_force() -> None:
+    """A declared threshold is the one the check's description shows; without one, the
+    setting that decides it."""
+    from ai_pipeline.defs.checks import check_specs
+    from ai_pipeline.defs.site import Site
+
+    declared = _ticket(name="ticket_threshold", min_confidence=0.6)
+    analyses.register(declared)
+    by_name = {s.name: s.description for s in check_specs(Site(analysis=declared.name))}
+    assert by_name["confidence"] == "The model's confidence is at or above 0.6 (min_confidence)."
+    default = {s.name: s.description for s in check_specs(Site())}
+    assert "AI_PIPELINE_MIN_CONFIDENCE" in (default["confidence"] or "")

@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from ai_pipeline.cli import backfill, batches, openai_batches, process, rehearsal, review, serve
 from ai_pipeline.cli.common import EXIT_USAGE
@@ -37,8 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
             "--analysis",
             metavar="NAME",
             help="the analysis to work on: a built-in's name (document_analysis, "
-            "contract_review) or a Declaration's import path (default: AI_PIPELINE_ANALYSIS, "
-            "else document_analysis)",
+            "contract_review) or a Declaration's import path; with AI_PIPELINE_DEFINITIONS, "
+            "the name of one of the project's analyses (its component's name:) (default: "
+            "AI_PIPELINE_ANALYSIS, else document_analysis; the project's first)",
         )
     rehearsal.add_commands(sub)
     return parser
@@ -63,10 +65,9 @@ def _analysis(name: str | None, every: bool = False) -> Iterator[None]:
     try:
         fixed = {"AI_PIPELINE_ANALYSIS": name}
         if location:
-            from ai_pipeline.defs.location import load_definitions
             from ai_pipeline.defs.site import site_named
 
-            site = site_named(load_definitions(location), name)
+            site = site_named(_loaded(location), name)
             if every:
                 yield
                 return
@@ -79,8 +80,8 @@ def _analysis(name: str | None, every: bool = False) -> Iterator[None]:
             from ai_pipeline.analyses import resolve
 
             resolve(str(name))
-    except DeclarationError as e:
-        raise InputError(f"--analysis: {e}") from None
+    except DeclarationError as e:  # the project's declaration names its file; a flag's, the flag
+        raise InputError(str(e) if location else f"--analysis: {e}") from None
     before = {k: os.environ.get(k) for k in fixed}
     os.environ.update({k: v for k, v in fixed.items() if v is not None})
     try:
@@ -91,6 +92,28 @@ def _analysis(name: str | None, every: bool = False) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _loaded(location: str) -> Any:
+    """The project's code location, or one line saying why it does not load: the declaration's
+    error as the file has it (a component wraps it in Dagster's tree of the defs folder)."""
+    from ai_pipeline.declaration import DeclarationError
+    from ai_pipeline.defs.location import load_definitions
+
+    try:
+        return load_definitions(location)
+    except (InputError, DeclarationError):
+        raise
+    except Exception as e:
+        cause: BaseException | None = e
+        while cause is not None and not isinstance(cause, DeclarationError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise cause from None
+        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise InputError(
+            f"AI_PIPELINE_DEFINITIONS={location}: {first} (`dg check defs` shows where)"
+        ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -264,13 +264,19 @@ class Declaration(OutputChecks):
                 f"output_model: {', '.join(sorted(clash))} name results columns every analysis "
                 "has; rename the field"
             )
-        if self.summary_field is not None and (
-            _field_kinds(self.document_model, self.summary_field) != {"str"}
-        ):
-            raise ValueError(
-                f"summary_field: {self.document_model.__name__}.{self.summary_field} is not "
-                "a string field"
-            )
+        if self.summary_field is not None:
+            kinds = _field_kinds(self.document_model, self.summary_field)
+            fields = ", ".join(self.document_model.model_fields)
+            if kinds is None:
+                raise ValueError(
+                    f"summary_field: {self.document_model.__name__} has no field "
+                    f"{self.summary_field!r} (its fields: {fields})"
+                )
+            if kinds != {"str"}:
+                raise ValueError(
+                    f"summary_field: {self.document_model.__name__}.{self.summary_field} is not "
+                    "a string field"
+                )
         if self.sections is not None and self.sections.reduce.output_model is not None:
             self.sections.reduce.validate_against(self.sections.reduce.output_model, "reduce.")
         strict_json_schema(model)  # a model the request cannot describe is refused now
@@ -411,7 +417,9 @@ def explain(error: ValidationError, name: object = None) -> str:
     """A validation error as one line per field: ``analysis 'x': output_model: cannot import …``."""
     lines = []
     for err in error.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(declaration)"
-        lines.append(f"{where}: {err['msg']}")
+        where = ".".join(str(p) for p in err["loc"])
+        message = err["msg"].removeprefix("Value error, ")
+        # A check across fields names its field itself (``summary_field: …``).
+        lines.append(f"{where}: {message}" if where else message)
     head = f"analysis {name!r}: " if isinstance(name, str) else ""
     return head + "; ".join(lines)
