@@ -34,9 +34,18 @@ CHECK_NAMES = ("refusal", "schema", "confidence", "grounding")
 _DESCRIPTIONS = {
     "refusal": "The reply is not a refusal (phrase library in Chinese and English).",
     "schema": "The reply is exactly the JSON of the analysis's output model, not truncated.",
-    "confidence": "The model's confidence is at or above the threshold (0.75 by default).",
+    "confidence": "The model's confidence is at or above the threshold (AI_PIPELINE_MIN_CONFIDENCE, "
+    "0.75 by default).",
     "grounding": "Every value of the fields declared grounded occurs in the document.",
 }
+
+
+def _description(name: str, site: Site) -> str:
+    """A check's description, with the confidence threshold the analysis declares."""
+    threshold = getattr(site.declaration, "min_confidence", None)
+    if name == "confidence" and threshold is not None:
+        return f"The model's confidence is at or above {threshold:g} (min_confidence)."
+    return _DESCRIPTIONS[name]
 
 
 def check_specs(site: Site) -> list[dg.AssetCheckSpec]:
@@ -49,7 +58,7 @@ def check_specs(site: Site) -> list[dg.AssetCheckSpec]:
             dg.AssetCheckSpec(
                 name,
                 asset=site.checked_key,
-                description=_DESCRIPTIONS[name],
+                description=_description(name, site),
                 partitions_def=site.partitions_def,
             )
             for name in site.declaration.all_check_names
