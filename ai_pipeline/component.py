@@ -43,6 +43,9 @@ class AnalysisScaffolder(dg.Scaffolder):
             "output_model": f"{_module_of(folder, request.project_root)}.models:Output",
             "confidence_field": "confidence",
             "grounded_fields": ["quotes"],
+            # The model is the declaration's: dg dev, the daemon and every command then agree on
+            # which results are current (AI_PIPELINE_MODEL is read only where none is declared).
+            "llm": {"name": Settings.load().model},
         }
         (folder / "defs.yaml").write_text(
             yaml.safe_dump(

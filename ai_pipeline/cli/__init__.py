@@ -71,6 +71,7 @@ def _analysis(name: str | None, every: bool = False) -> Iterator[None]:
             if every:
                 yield
                 return
+            _say_whose_model(site.declaration)
             fixed = {
                 "AI_PIPELINE_ANALYSIS": site.declaration.name,
                 "AI_PIPELINE_DATABASE_URL": site.database_url,
@@ -92,6 +93,19 @@ def _analysis(name: str | None, every: bool = False) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _say_whose_model(declaration: Any) -> None:
+    """One line when the environment names another model than the project's analysis declares:
+    the declaration's is used (its task ids, what is stale)."""
+    declared = declaration.model.name
+    wanted = os.environ.get("AI_PIPELINE_MODEL")
+    if declared and wanted and wanted != declared:
+        print(
+            f"ai-pipeline: AI_PIPELINE_MODEL={wanted} is not the model analysis "
+            f"{declaration.name!r} declares ({declared}, its llm.name): {declared} is used",
+            file=sys.stderr,
+        )
 
 
 def _loaded(location: str) -> Any:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ai_pipeline.settings import Settings
 from ai_pipeline_tests.dg_project import (
     COMPONENT,
     PACKAGE,
@@ -61,6 +62,8 @@ def test_scaffolding_writes_a_declaration_and_a_starter_model(tmp_path: Path) ->
     assert spec["type"] == COMPONENT
     assert spec["attributes"]["name"] == "invoice_fields"
     assert spec["attributes"]["output_model"] == f"{PACKAGE}.defs.invoice_fields.models:Output"
+    # The model is declared: dg dev, the daemon and every command agree on what is current.
+    assert spec["attributes"]["llm"] == {"name": Settings.load().model}
     assert (defs_yaml(root, "invoice_fields").parent / "models.py").is_file()
     checked = dg(root, tmp_path / "home", "check", "defs")
     assert checked.returncode == 0, checked.stderr

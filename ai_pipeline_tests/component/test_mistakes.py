@@ -48,3 +48,28 @@ def test_a_mistake_in_a_defs_yaml_is_one_line_naming_the_file_and_exit_2(
     (error,) = [text for text in done.stderr.splitlines() if text.strip()]
     assert re.match(rf"ai-pipeline: error: {re.escape(str(path))}:{line}: ", error), error
     assert says in error
+
+
+def test_an_environment_naming_another_model_than_the_declaration_is_said_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The declaration's model is the one used (task ids, staleness); a command says so when
+    AI_PIPELINE_MODEL names another, and goes on."""
+    root = make_project(tmp_path / "team")
+    write_analyses(root)
+    path = defs_yaml(root, "ticket_triage")
+    spec = yaml.safe_load(path.read_text())
+    spec["attributes"]["llm"] = {"name": "declared-model"}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    monkeypatch.setenv("AI_PIPELINE_MODEL", "exported-model")
+
+    done = ai_pipeline(
+        root, tmp_path / "home", "status", "--json", "--analysis", "ticket_triage", timeout=120
+    )
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = [line for line in done.stderr.splitlines() if "AI_PIPELINE_MODEL" in line]
+    assert said == [
+        "ai-pipeline: AI_PIPELINE_MODEL=exported-model is not the model analysis "
+        "'ticket_triage' declares (declared-model, its llm.name): declared-model is used"
+    ]
