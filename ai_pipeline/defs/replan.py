@@ -6,7 +6,8 @@ it creates one by one. Once the first of them exists, the backfill's documents t
 runs has begun are planned in runs of the run size (a replan, ``store.replans``), requested by the
 backfill planner sensor under the same backfill (its ``dagster/backfill`` tag: the backfill counts
 their materializations and stays open until they end), and Dagster's runs of those documents are
-cancelled in the queue once the replan's runs hold them. The first of Dagster's runs to start
+cancelled in the queue once the replan's runs hold them, and deleted (Dagster counts a cancelled
+run's documents as failed). The first of Dagster's runs to start
 replans before its own work, and the sensor on each tick: only Dagster's first wave ever works.
 It needs nothing but Dagster's public calls, so it is how every backfill gets few runs on
 Dagster's own storage.
@@ -82,7 +83,7 @@ _OWN_TAGS = (
 
 @dataclass(frozen=True)
 class Replanned:
-    """What a replan did for a backfill: Dagster's queued runs cancelled, runs planned instead."""
+    """What a replan did for a backfill: Dagster's queued runs removed, runs planned instead."""
 
     backfill_id: str
     cancelled: int
@@ -98,7 +99,7 @@ class Replanned:
         )
         return (
             f"backfill {self.backfill_id}: {planned}{self.cancelled} of Dagster's queued runs "
-            "cancelled (the backfill planner sensor starts the new runs)"
+            "replaced (cancelled and deleted; the backfill planner sensor starts the new runs)"
         )
 
 
@@ -243,6 +244,10 @@ def replan_backfill(
                 message=f"replaced: its documents run in the runs of replan "
                 f"{taken[documents[0]]} of backfill {backfill_id} (ai_pipeline's backfill planner)",
             )
+            # Then gone: Dagster counts a cancelled run's documents as failed, and may end the
+            # backfill COMPLETED_FAILED in the one loop where it reads the replan's last
+            # materializations before they are written and its runs as over after.
+            instance.delete_run(fresh.run_id)
             cancelled += 1
     if replan is None and not cancelled:
         return None
