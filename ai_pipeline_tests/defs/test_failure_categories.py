@@ -329,6 +329,7 @@ def test_a_key_revoked_mid_batch_stops_the_run_not_the_documents_and_its_return_
 
     concurrency = 4
     monkeypatch.setenv("AI_PIPELINE_LLM_CONCURRENCY", str(concurrency))
+    monkeypatch.setenv("AI_PIPELINE_DOCUMENTS_PER_RUN", "50")  # each command: one run
     _keys(simulator, tmp_path, monkeypatch, accepted=TEST_API_KEY, at_source=TEST_API_KEY)
     texts = {f"doc-{i:02d}.txt": sample_text(300 + i) for i in range(30)}
     inbox = make_inbox(tmp_path / "inbox", texts)
