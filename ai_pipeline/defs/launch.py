@@ -16,7 +16,6 @@ them: ``ai_pipeline.defs.location``).
 from __future__ import annotations
 
 import contextlib
-import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -26,6 +25,7 @@ from typing import Any
 
 import dagster as dg
 
+from ai_pipeline import periodic
 from ai_pipeline.defs.backfills import (
     DAGSTER_BACKFILL_TAG,
     wait_for_backfill,
@@ -166,20 +166,15 @@ class Launcher:
             yield
             return
         show = self._watching(document_ids)
-        stop = threading.Event()
 
-        def loop() -> None:
-            while not stop.wait(every):
-                with contextlib.suppress(Exception):  # progress must never break the work
-                    show(False)
+        def live() -> None:
+            with contextlib.suppress(Exception):  # progress must never break the work
+                show(False)
 
-        thread = threading.Thread(target=loop, name="progress", daemon=True)
-        thread.start()
         try:
-            yield
+            with periodic.every(every, live, name="progress"):
+                yield
         finally:
-            stop.set()
-            thread.join()
             with contextlib.suppress(Exception):
                 show(True)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
@@ -28,6 +27,7 @@ import dagster as dg
 
 from ai_pipeline.defs.dagster_private import CheckRunHealthResult, WorkerStatus
 from ai_pipeline.errors import InputError
+from ai_pipeline.periodic import every
 from ai_pipeline.processes import current, gone
 from ai_pipeline.settings import Settings
 from ai_pipeline.store import Store
@@ -51,7 +51,6 @@ log = logging.getLogger(__name__)
 def beating(store: Store, run_id: str) -> Iterator[None]:
     """Beat for ``run_id`` from now until the block ends (the first beat before it starts), then
     take the beats back: a run is judged only while it works on documents."""
-    stop = threading.Event()
     process = current()
 
     def beat() -> None:
@@ -60,18 +59,11 @@ def beating(store: Store, run_id: str) -> Iterator[None]:
         except Exception as e:  # a sign of life never ends the run; the next beat tries again
             log.warning("run %s: its sign of life not stored: %s", run_id, e)
 
-    def keep_beating() -> None:
-        while not stop.wait(BEAT_SECONDS):
-            beat()
-
     beat()
-    thread = threading.Thread(target=keep_beating, name="run-beat", daemon=True)
-    thread.start()
     try:
-        yield
+        with every(BEAT_SECONDS, beat, name="run-beat"):
+            yield
     finally:
-        stop.set()
-        thread.join()
         # Whatever the run does next (another asset, a team's) it does unjudged, as any job.
         try:
             store.run_beats.forget(run_id, process)
