@@ -20,7 +20,7 @@ import dagster as dg
 import yaml
 from pydantic import Field
 
-from ai_pipeline import analyses
+from ai_pipeline import analyses, project_setup
 from ai_pipeline.declaration import Declaration, DeclarationError
 from ai_pipeline.defs.factory import AtLoad, site_definitions
 from ai_pipeline.defs.site import DEFAULT_PARTITIONS, Site
@@ -56,6 +56,9 @@ class AnalysisScaffolder(dg.Scaffolder):
             ),
             encoding="utf-8",
         )
+        if request.project_root is not None:
+            for written in project_setup.prepare(request.project_root):
+                print(f"ai-pipeline: wrote {written}")
 
 
 # A declaration's ``model`` is the component's ``llm`` attribute.
