@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from ai_pipeline.cli import backfill, batches, openai_batches, process, rehearsal, review, serve
@@ -130,8 +131,35 @@ def _loaded(location: str) -> Any:
         ) from None
 
 
+def _project_env() -> None:
+    """The project's ``.env`` (the current folder's, else the nearest up to the folder holding
+    its ``pyproject.toml``), loaded as ``dg dev`` and Dagster's daemon load theirs: its values win
+    over the shell's, so every command reads the instance and the code location they do. A shell
+    value it replaces is said in one line."""
+    from dotenv import dotenv_values
+
+    here = Path.cwd()
+    for folder in (here, *here.parents):
+        if (folder / ".env").is_file():
+            for key, value in dotenv_values(folder / ".env").items():
+                if value is None:
+                    continue
+                before = os.environ.get(key)
+                if before is not None and before != value:
+                    print(
+                        f"ai-pipeline: {key} is {folder / '.env'}'s, as for dg dev (not the "
+                        "shell's)",
+                        file=sys.stderr,
+                    )
+                os.environ[key] = value
+            return
+        if (folder / "pyproject.toml").is_file():
+            return
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _project_env()
     try:
         with (
             plainly(),
