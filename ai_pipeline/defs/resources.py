@@ -6,6 +6,8 @@ Each field left unset falls back to the environment when a run or tick starts (s
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -13,8 +15,11 @@ from pydantic import PrivateAttr
 
 from ai_pipeline.llm import LLMClient
 from ai_pipeline.llm_access import CallSlots, Credentials, GlobalCap
-from ai_pipeline.settings import Settings
+from ai_pipeline.settings import Settings, SettingsError
 from ai_pipeline.store import Store, open_store
+
+# The folder ``dg dev`` and ``dagster dev`` make their instance in when DAGSTER_HOME is unset.
+TEMPORARY_INSTANCE_PREFIX = ".tmp_dagster_home_"
 
 
 class PipelineSettings(dg.ConfigurableResource):
@@ -55,6 +60,8 @@ class ResultsStore(dg.ConfigurableResource):
     _store: Store | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        if context.instance is not None:
+            refuse_a_temporary_instance(context.instance, self.database_url)
         # Resolved once per run or tick, not at every call.
         self._store = self._open()
 
@@ -63,6 +70,20 @@ class ResultsStore(dg.ConfigurableResource):
 
     def _open(self) -> Store:
         return open_store(Settings.load(database_url=self.database_url, analysis=self.analysis))
+
+
+def refuse_a_temporary_instance(instance: dg.DagsterInstance, database_url: str | None) -> None:
+    """``dg dev`` with no ``DAGSTER_HOME`` runs on a temporary instance, removed when it exits:
+    the results database would land in the project's folder and, next time, the same documents
+    would be registered and paid for again. Refused, unless a database is named."""
+    if database_url or os.environ.get("AI_PIPELINE_DATABASE_URL"):
+        return
+    if Path(instance.root_directory).name.startswith(TEMPORARY_INSTANCE_PREFIX):
+        raise SettingsError(
+            "Dagster runs on a temporary instance (DAGSTER_HOME is not set): set DAGSTER_HOME "
+            "to a folder of its own (the analysis's scaffold writes it into the project's .env), "
+            "or name a database_url"
+        )
 
 
 class LLMResource(dg.ConfigurableResource):
