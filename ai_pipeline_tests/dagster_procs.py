@@ -140,6 +140,7 @@ class DagsterProcess:
         self.port = port
         self.url = f"http://{HOST}:{port}" if port else ""
         self.env = dict(env or {})
+        self.cwd = REPO
         self.proc: subprocess.Popen[bytes] | None = None
         self.stopped = False
 
@@ -182,7 +183,7 @@ class DagsterProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.argv,
-                cwd=REPO,
+                cwd=self.cwd,
                 env=os.environ.copy() | self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

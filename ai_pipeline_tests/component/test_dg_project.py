@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ai_pipeline.settings import Settings
 from ai_pipeline_tests.dg_project import (
     COMPONENT,
     PACKAGE,
@@ -51,22 +50,6 @@ def test_the_component_is_listed_in_the_environment(project: tuple[Path, Path]) 
     listed = dg(root, home, "list", "components", "--json")
     assert listed.returncode == 0, listed.stderr
     assert COMPONENT in [c["key"] for c in json.loads(listed.stdout)["items"]]
-
-
-def test_scaffolding_writes_a_declaration_and_a_starter_model(tmp_path: Path) -> None:
-    """``dg scaffold defs`` writes a defs.yaml naming the analysis and a model it can load."""
-    root = make_project(tmp_path / "p")
-    done = dg(root, tmp_path / "home", "scaffold", "defs", COMPONENT, "invoice_fields")
-    assert done.returncode == 0, done.stderr
-    spec = yaml.safe_load(defs_yaml(root, "invoice_fields").read_text())
-    assert spec["type"] == COMPONENT
-    assert spec["attributes"]["name"] == "invoice_fields"
-    assert spec["attributes"]["output_model"] == f"{PACKAGE}.defs.invoice_fields.models:Output"
-    # The model is declared: dg dev, the daemon and every command agree on what is current.
-    assert spec["attributes"]["llm"] == {"name": Settings.load().model}
-    assert (defs_yaml(root, "invoice_fields").parent / "models.py").is_file()
-    checked = dg(root, tmp_path / "home", "check", "defs")
-    assert checked.returncode == 0, checked.stderr
 
 
 def test_two_analyses_check_and_list_side_by_side(project: tuple[Path, Path]) -> None:
