@@ -3,7 +3,9 @@ out, with this package as its dependency; and ``dg`` run against it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -163,3 +165,18 @@ def ai_pipeline(
 ) -> subprocess.CompletedProcess[str]:
     """``ai-pipeline ARGS`` as a user runs it in the project (a process of its own)."""
     return _in_project("ai-pipeline", root, home, args, timeout)
+
+
+def completed(database: Path) -> int:
+    """Documents COMPLETED in an analysis's SQLite results database (0 before it has tables): a
+    look that costs a test no process of its own."""
+    if not database.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        try:
+            (count,) = db.execute(
+                "SELECT count(*) FROM documents WHERE state = 'COMPLETED'"
+            ).fetchone()
+        except sqlite3.OperationalError:  # its tables not created yet
+            return 0
+    return int(count)

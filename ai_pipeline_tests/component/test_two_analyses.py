@@ -13,11 +13,13 @@ import dagster as dg
 import pytest
 
 from ai_pipeline.rehearsal.simulator import SimulatorServer
+from ai_pipeline.settings import default_database_url
 from ai_pipeline_tests.dagster_procs import DagsterProcess, running, wait_for
 from ai_pipeline_tests.dg_project import (
     PACKAGE,
     TICKET_MODEL,
     ai_pipeline,
+    completed,
     make_project,
     project_env,
     write_analyses,
@@ -79,18 +81,22 @@ def test_two_analyses_pay_once_each_and_go_stale_on_their_own(
 ) -> None:
     team_daemon.start()
 
-    def completed(analysis: str) -> int:
-        counts = status(project, dagster_home, analysis)["counts"]
-        return int(counts["by_state"].get("COMPLETED", 0))
+    def settled(analysis: str) -> bool:
+        return (
+            completed(Path(default_database_url(analysis).removeprefix("sqlite:///"))) == DOCUMENTS
+        )
 
     def answered() -> bool:
         counts = calls_by_analysis(simulator)
         return counts["ticket_triage"] >= DOCUMENTS and counts["contract_review"] >= 2 * DOCUMENTS
 
-    # The calls first, counted in this process; then the states, each look a command of its own.
+    # The calls first, counted in this process; then the states, read in each results database;
+    # then what the command line says of them.
     wait_for(team_daemon, "the calls of both analyses", answered)
     for analysis in ANALYSES:
-        wait_for(team_daemon, f"{analysis} done", lambda a=analysis: completed(a) == DOCUMENTS)
+        wait_for(team_daemon, f"{analysis} done", lambda a=analysis: settled(a))
+        counts = status(project, dagster_home, analysis)["counts"]
+        assert counts["by_state"] == {"COMPLETED": DOCUMENTS}, (analysis, counts)
     first = calls_by_analysis(simulator)
     # One call per ticket; per contract one per clause and one report (no call twice).
     assert first["ticket_triage"] == DOCUMENTS, first

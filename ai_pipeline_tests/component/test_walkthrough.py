@@ -5,11 +5,9 @@ document is paid for twice, none is called stale, and git sees only the team's f
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +18,7 @@ import yaml
 from ai_pipeline.rehearsal.simulator import SimulatorServer
 from ai_pipeline.settings import Settings
 from ai_pipeline_tests.dagster_procs import HOST, DagsterProcess, free_port, running, wait_for
-from ai_pipeline_tests.dg_project import COMPONENT, PACKAGE, defs_yaml, make_project
+from ai_pipeline_tests.dg_project import COMPONENT, PACKAGE, completed, defs_yaml, make_project
 
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -43,20 +41,6 @@ def in_project(root: Path, *argv: str, drop: tuple[str, ...] = ()) -> subprocess
     return subprocess.run(
         [program, *argv[1:]], cwd=root, env=env, capture_output=True, text=True, timeout=300
     )
-
-
-def completed(database: Path) -> int:
-    """Documents COMPLETED in an analysis's results database (none while it does not exist)."""
-    if not database.exists():
-        return 0
-    with contextlib.closing(sqlite3.connect(database)) as db:
-        try:
-            (count,) = db.execute(
-                "SELECT count(*) FROM documents WHERE state = 'COMPLETED'"
-            ).fetchone()
-        except sqlite3.OperationalError:  # its tables not created yet
-            return 0
-    return int(count)
 
 
 def test_the_documented_path_shares_one_instance_and_pays_once(

@@ -511,14 +511,14 @@ def test_a_ui_failed_backfill_of_scattered_failures_on_dagsters_own_storage(
     webserver: DagsterProcess,
     tmp_path: Path,
 ) -> None:
-    """dagster-postgres's own storage, no accelerator, no switch: 20 failures scattered over 80
+    """dagster-postgres's own storage, no accelerator, no switch: 10 failures scattered over 40
     documents, and the UI's "Failed" backfill launched while the daemon runs, at whatever moment
     of its backfill loop. Each failed document is analysed exactly once (one call each, counted at
-    the endpoint) in one run, by at most ceil(20 / run size) + max_concurrent_runs runs that
-    worked (Dagster's own plan: 20); the backfill completes and Dagster shows none FAILED.
+    the endpoint) in one run, by at most ceil(10 / run size) + max_concurrent_runs runs that
+    worked (Dagster's own plan: 10); the backfill completes and Dagster shows none FAILED.
     (``benchmarks/scattered.py --stock --via ui`` measures 50 over 1,000.)"""
     webserver.start()  # it loads while the documents are run
-    seeded = seed(tmp_path, simulator, count=80, network=range(1, 80, 4), low_confidence=())
+    seeded = seed(tmp_path, simulator, count=40, network=range(1, 40, 4), low_confidence=())
     assert_seeded(instance, seeded, simulator)
     simulator.set_faults([])
     before = calls(simulator, seeded.ids)
@@ -535,7 +535,7 @@ def test_a_ui_failed_backfill_of_scattered_failures_on_dagsters_own_storage(
         daemon,
         f"backfill {backfill_id} to end (launched {moment:.1f} s into the daemon's run)",
         lambda: backfill_ended(instance, backfill_id),
-        # Dagster creates the backfill's 20 runs first, a second or more each on a busy machine.
+        # Dagster creates the backfill's 10 runs first, a second or more each on a busy machine.
         timeout=2 * BACKFILL_DEADLINE_SECONDS,
     )
 
