@@ -19,7 +19,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ai_pipeline.cli import backfill, batches, openai_batches, process, rehearsal, review, serve
+from ai_pipeline.cli import (
+    backfill,
+    batches,
+    canary,
+    openai_batches,
+    process,
+    rehearsal,
+    review,
+    serve,
+)
 from ai_pipeline.cli.common import EXIT_USAGE
 from ai_pipeline.cli.library_logs import plainly
 from ai_pipeline.errors import InputError
@@ -31,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Idempotent, retry-safe LLM analysis of document collections on Dagster.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (process, backfill, review, batches, openai_batches, serve):
+    for group in (process, backfill, canary, review, batches, openai_batches, serve):
         group.add_commands(sub)
     # Every command of the pipeline works on one analysis; the rehearsal tools on none.
     for command in sub.choices.values():

@@ -24,6 +24,7 @@ from ai_pipeline.cli.common import (
     print_batch_api,
     print_json,
     print_table,
+    say,
     store,
     user,
 )
@@ -51,15 +52,20 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         raise UsageError(
             "--category, --since and --budget-* are for failed documents: use them with --failed"
         )
+    if args.max_usd is not None and not args.stale:
+        raise UsageError("--max-usd is for --stale (a canary's projection): use --budget-usd")
     if args.stale:
+        stale_launcher = launcher(args)
+        canary = _canary_first(args, stale_launcher)
         out = relaunch.backfill_stale(
-            launcher(args),
+            stale_launcher,
             dry_run=args.dry_run,
             wait=args.wait,
             timeout=args.timeout,
             via=args.via,
             api_key=api_key_for(args),
         )
+        out["canary"] = canary
     else:
         out = relaunch.backfill_failed(
             launcher(args),
@@ -111,6 +117,32 @@ def cmd_requeue(args: argparse.Namespace) -> int:
     return code
 
 
+def _canary_first(args: argparse.Namespace, stale_launcher: Any) -> dict[str, Any] | None:
+    """The last canary of the current version, said before a stale backfill starts; with
+    ``--max-usd``, a projection over it refuses the backfill (and no canary refuses it too)."""
+    from ai_pipeline.canary import last_canary
+    from ai_pipeline.cli.canary import describe
+
+    canary = last_canary(stale_launcher.store, stale_launcher.settings)
+    if canary is None:
+        if args.max_usd is not None:
+            raise UsageError(
+                "--max-usd needs a canary of the current version to price the backfill: run "
+                "`ai-pipeline canary --sample N` first"
+            )
+        say(args.json, "no canary of the current version (`ai-pipeline canary` prices it first)")
+        return None
+    for line in describe(canary, examples=False):
+        say(args.json, line)
+    projected = canary["projected"]["cost_usd"]
+    if args.max_usd is not None and projected > args.max_usd:
+        raise UsageError(
+            f"the canary projects ${projected:.4f} for this backfill, over --max-usd "
+            f"{args.max_usd}: nothing launched"
+        )
+    return canary
+
+
 def add_commands(sub: Any) -> None:
     p = sub.add_parser(
         "backfill",
@@ -134,6 +166,12 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--category", action="append", metavar="C", help="only this category")
     p.add_argument("--since", metavar="T", help="only documents that failed at or after T (ISO)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, launch nothing")
+    p.add_argument(
+        "--max-usd",
+        type=float,
+        metavar="USD",
+        help="with --stale: launch nothing when the current version's canary projects more",
+    )
     add_budget_flags(p, "the backfill (all its runs together)")
     add_via_flag(p, "the selected documents")
     add_wait_flags(p, "its backfills")

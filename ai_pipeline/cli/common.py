@@ -199,6 +199,16 @@ def add_via_flag(p: argparse.ArgumentParser, what: str) -> None:
     )
 
 
+def required_api_key() -> str:
+    """The endpoint's key, for a command that calls it from this process or its runs."""
+    key = os.environ.get("OPENAI_API_KEY")
+    if not key:
+        raise UsageError(
+            "OPENAI_API_KEY is not set (use any value for a local endpoint that needs none)"
+        )
+    return key
+
+
 def api_key_for(args: argparse.Namespace) -> str | None:
     """The endpoint's key when the command goes through the Batch API (``--via batch``)."""
     return os.environ.get("OPENAI_API_KEY") if getattr(args, "via", "sync") == "batch" else None

@@ -17,6 +17,7 @@ from ai_pipeline.cli.common import (
     emit,
     exit_code,
     launcher,
+    required_api_key,
     say,
 )
 from ai_pipeline.failures import RUN_FAULTS, Category
@@ -27,10 +28,7 @@ DEMO_MODEL = "sim-analyst-1"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if not os.environ.get("OPENAI_API_KEY"):
-        raise UsageError(
-            "OPENAI_API_KEY is not set (use any value for a local endpoint that needs none)"
-        )
+    required_api_key()
     report = launcher(args).process_inbox(
         Path(args.inbox), verbose=args.verbose, budget=budget_of(args)
     )

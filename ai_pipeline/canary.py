@@ -1,0 +1,283 @@
+"""A canary of the analysis as it is declared now, before its stale backfill is paid for.
+
+A deterministic sample of the documents whose results are stale is analysed under the current
+version's task ids — checkpoints, so the later ``backfill --stale`` reuses them and a second
+canary of the same seed costs nothing — and compared field by field with the results they would
+replace; the whole backfill is priced from the sample. Results, states and Dagster are untouched.
+
+The rule: a canary call goes through the same claim and checkpoint as a run's, never around them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import re
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from ai_pipeline.calls import AnalysisCalls
+from ai_pipeline.claims import Claims, owner_id
+from ai_pipeline.errors import InputError
+from ai_pipeline.failures import ClassifiedError
+from ai_pipeline.llm import LLMClient
+from ai_pipeline.reporting import current_task_suffix
+from ai_pipeline.settings import Settings
+from ai_pipeline.spend import Prices
+from ai_pipeline.states import State
+from ai_pipeline.store import Store
+from ai_pipeline.store.database import redact_url
+from ai_pipeline.store.rows import DocumentRow, ResultRow
+from ai_pipeline.tasks import TaskLog
+
+CANARY_STEP = "canary"
+EXAMPLES = 3
+logger = logging.getLogger("ai_pipeline.canary")
+
+
+class CanaryError(InputError):
+    """Nothing to compare: no completed documents, or none made by another version."""
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One sampled document under the current version."""
+
+    document_id: str
+    source: str
+    old: dict[str, Any]
+    new: dict[str, Any] | None
+    failure: str | None  # the category its checks or its call failed with
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: int
+    from_checkpoint: bool
+
+
+def summary_key(current_suffix: str) -> str:
+    """Where the last canary of a version is kept (a checkpoint row of its own)."""
+    return f"{CANARY_STEP}{current_suffix}"
+
+
+def stale_completed(store: Store, current_suffix: str) -> list[tuple[ResultRow, DocumentRow]]:
+    """The completed documents whose result another version made: what ``backfill --stale``
+    would pay for."""
+    stale = store.results.stale(current_suffix)
+    docs = {d.document_id: d for d in store.documents.rows(r.document_id for r in stale)}
+    return [
+        (r, docs[r.document_id])
+        for r in stale
+        if r.document_id in docs and docs[r.document_id].state == State.COMPLETED
+    ]
+
+
+def sample(
+    store: Store, candidates: Sequence[tuple[ResultRow, DocumentRow]], n: int, seed: int
+) -> list[tuple[ResultRow, DocumentRow]]:
+    """``n`` of ``candidates``, the same for the same seed, spread over strata a team cares
+    about: the document's kind, long or short (against the median size), and the category it
+    once failed with (none for most). Taken in turn from each stratum, in a seeded order."""
+    if not candidates:
+        return []
+    median = statistics.median(d.size_bytes for _, d in candidates)
+    ever_failed: dict[str, str] = {}
+    for event in store.events.failures():
+        ever_failed.setdefault(event.document_id, str(event.category.value))
+    strata: dict[tuple[str, str, str], list[tuple[ResultRow, DocumentRow]]] = defaultdict(list)
+    for pair in candidates:
+        doc = pair[1]
+        length = "long" if doc.size_bytes > median else "short"
+        strata[(doc.kind, length, ever_failed.get(doc.document_id, "-"))].append(pair)
+
+    def order(pair: tuple[ResultRow, DocumentRow]) -> str:
+        return hashlib.sha256(f"{seed}:{pair[0].document_id}".encode()).hexdigest()
+
+    queues = [sorted(strata[k], key=order) for k in sorted(strata)]
+    chosen: list[tuple[ResultRow, DocumentRow]] = []
+    while len(chosen) < n and any(queues):
+        for queue in queues:
+            if queue and len(chosen) < n:
+                chosen.append(queue.pop(0))
+    return chosen
+
+
+async def trial(
+    store: Store, calls: AnalysisCalls, claims: Claims, result: ResultRow, task: str
+) -> Trial | None:
+    """One document analysed under ``task``, behind its claim (None: a run holds it now)."""
+    log = TaskLog(logger, task)
+    if await claims.take(task, result.document_id, log) is not None:
+        return None
+    try:
+        doc = store.documents.load(result.document_id)
+        assert doc is not None and doc.text is not None
+        try:
+            reply, from_checkpoint, verdict, _ = await calls.analyse(doc, task, doc.text, log)
+        except ClassifiedError as e:
+            return Trial(doc.document_id, doc.source, result.output, None, e.category.value,
+                         0, 0, 0, False)  # fmt: skip
+        failed = verdict.failure
+        return Trial(
+            doc.document_id,
+            doc.source,
+            result.output,
+            verdict.output.model_dump(mode="json") if verdict.output is not None else None,
+            failed.category.value if failed is not None and failed.category else None,
+            reply.prompt_tokens or 0,
+            reply.completion_tokens or 0,
+            reply.latency_ms,
+            from_checkpoint,
+        )
+    finally:
+        claims.release(task)
+
+
+async def run_canary(
+    store: Store,
+    llm: LLMClient,
+    settings: Settings,
+    *,
+    size: int,
+    seed: int = 0,
+    tolerance: float = 0.05,
+) -> dict[str, Any]:
+    """The canary of the current version on ``size`` stale documents: its comparison, its cost
+    and the projection of the whole stale backfill (also kept for ``backfill --stale``)."""
+    current = current_task_suffix(settings, store.analysis)
+    if store.results.count() == 0:
+        raise CanaryError(f"no completed documents in {redact_url(settings.database_url)}")
+    candidates = stale_completed(store, current)
+    if not candidates:
+        raise CanaryError(
+            "every completed document is already analysed by the current version "
+            f"({store.analysis.tag()}, {llm.model}): no earlier version to compare with"
+        )
+    chosen = sample(store, candidates, size, seed)
+    calls = AnalysisCalls(store, llm, settings.min_confidence, settings.section_chars)
+    claims = Claims(store, owner_id(f"canary-{seed}"))
+    found = await asyncio.gather(
+        *(trial(store, calls, claims, r, r.document_id + current) for r, _ in chosen)
+    )
+    trials = [t for t in found if t is not None]
+    report = compare(trials, store.analysis.output_model, tolerance, store.analysis)
+    prices = Prices.of(settings)
+    paid = [t for t in trials if not t.from_checkpoint]
+    per_document = (
+        statistics.mean(
+            prices.cost(llm.model, t.prompt_tokens, t.completion_tokens) for t in trials
+        )
+        if trials
+        else 0.0
+    )
+    remaining = len(candidates) - len(trials)
+    latency = statistics.mean(t.latency_ms for t in trials) / 1000 if trials else 0.0
+    report.update(
+        {
+            "current": {"prompt_version": store.analysis.tag(), "model": llm.model},
+            "seed": seed,
+            "sample": len(trials),
+            "held_by_runs": len(chosen) - len(trials),
+            "stale": len(candidates),
+            "sample_calls": len(paid),
+            "sample_tokens": sum(t.prompt_tokens + t.completion_tokens for t in paid),
+            "sample_cost_usd": round(
+                sum(prices.cost(llm.model, t.prompt_tokens, t.completion_tokens) for t in paid), 6
+            ),
+            "projected": {
+                "documents": remaining,
+                "cost_usd": round(per_document * remaining, 4),
+                "seconds": round(math.ceil(remaining / max(1, settings.llm_concurrency)) * latency),
+            },
+        }
+    )
+    store.checkpoints.delete(summary_key(current))
+    store.checkpoints.put(summary_key(current), "", CANARY_STEP, report)
+    return report
+
+
+def last_canary(store: Store, settings: Settings) -> dict[str, Any] | None:
+    """The last canary of the current version, if one was run."""
+    return store.checkpoints.get(summary_key(current_task_suffix(settings, store.analysis)))
+
+
+# --- the comparison -----------------------------------------------------------------------------
+
+_WORD = re.compile(r"\w+")
+
+
+def _words(value: Any) -> set[str]:
+    return set(_WORD.findall(str(value).lower()))
+
+
+def _overlap(a: set[Any], b: set[Any]) -> float:
+    return 1.0 if not a and not b else len(a & b) / len(a | b)
+
+
+def agreement(old: Any, new: Any, tolerance: float) -> float:
+    """How far two values of one field agree, 0 to 1: exact for enums, booleans and whole
+    numbers; within ``tolerance`` for other numbers; the overlap of their words for text, and of
+    their (normalised) items for lists."""
+    if isinstance(old, bool) or isinstance(new, bool):
+        return float(old == new)
+    if isinstance(old, float | int) and isinstance(new, float | int):
+        if isinstance(old, int) and isinstance(new, int):
+            return float(old == new)
+        return float(abs(old - new) <= tolerance)
+    if isinstance(old, list) and isinstance(new, list):
+        return _overlap({" ".join(sorted(_words(v))) for v in old}, {
+            " ".join(sorted(_words(v))) for v in new
+        })  # fmt: skip
+    if isinstance(old, str) and isinstance(new, str):
+        return 1.0 if old == new else _overlap(_words(old), _words(new))
+    return float(old == new)
+
+
+def compare(
+    trials: Sequence[Trial], model: type[BaseModel], tolerance: float, analysis: Any
+) -> dict[str, Any]:
+    """Per top-level field: the mean agreement over the documents with a new output, and its
+    largest disagreements; the shift of the confidence field; the failures by category."""
+    fields: dict[str, Any] = {}
+    compared = [t for t in trials if t.new is not None]
+    for name in model.model_fields:
+        scored = sorted(
+            ((agreement(t.old.get(name), t.new.get(name), tolerance), t) for t in compared),  # type: ignore[union-attr]
+            key=lambda pair: pair[0],
+        )
+        fields[name] = {
+            "agreement": round(statistics.mean(s for s, _ in scored), 4) if scored else None,
+            "examples": [
+                {
+                    "document_id": t.document_id,
+                    "source": t.source,
+                    "old": t.old.get(name),
+                    "new": t.new.get(name),  # type: ignore[union-attr]
+                }
+                for s, t in scored[:EXAMPLES]
+                if s < 1.0
+            ],
+        }
+    confidence = getattr(analysis, "confidence_field", None)
+    shift = None
+    if confidence and compared:
+        pairs = [
+            (t.old.get(confidence), t.new.get(confidence))  # type: ignore[union-attr]
+            for t in compared
+        ]
+        numbers = [
+            (o, n) for o, n in pairs if isinstance(o, int | float) and isinstance(n, int | float)
+        ]
+        if numbers:
+            shift = round(statistics.mean(n - o for o, n in numbers), 4)
+    return {
+        "fields": fields,
+        "confidence_shift": shift,
+        "failures": dict(Counter(t.failure for t in trials if t.failure)),
+    }
