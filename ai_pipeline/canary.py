@@ -281,3 +281,66 @@ def compare(
         "confidence_shift": shift,
         "failures": dict(Counter(t.failure for t in trials if t.failure)),
     }
+
+
+# --- the report as the UI shows it --------------------------------------------------------------
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    """The canary's report as a markdown table (a Dagster run's metadata)."""
+    current, projected = report["current"], report["projected"]
+    lines = [
+        f"**Canary of prompt {current['prompt_version']}, model {current['model']}**: "
+        f"{report['sample']} of {report['stale']} stale documents (seed {report['seed']}), "
+        f"{report['sample_calls']} calls, ${report['sample_cost_usd']:.4f}",
+        "",
+        "| field | agreement | largest disagreement |",
+        "|---|---|---|",
+    ]
+    for name, field in report["fields"].items():
+        share = "-" if field["agreement"] is None else f"{field['agreement']:.0%}"
+        worst = field["examples"][0] if field["examples"] else None
+        shown = (
+            f"`{worst['document_id']}`: {_cell(worst['old'])} → {_cell(worst['new'])}"
+            if worst
+            else ""
+        )
+        lines.append(f"| {name} | {share} | {shown} |")
+    if report.get("confidence_shift") is not None:
+        lines.append(f"\nConfidence: {report['confidence_shift']:+.3f} on average.")
+    if report["failures"]:
+        failed = ", ".join(f"{c} {n}" for c, n in sorted(report["failures"].items()))
+        lines.append(f"\nFailed under the new version: {failed}.")
+    lines.append(
+        f"\n**Projected `backfill --stale`**: {projected['documents']} more documents, "
+        f"${projected['cost_usd']:.4f}, about {projected['seconds']} s."
+    )
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    text = " ".join(str(value).split()).replace("|", "\\|")
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def agreement_png(report: dict[str, Any]) -> bytes:
+    """A bar chart of each field's agreement, as PNG bytes."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fields = {k: v["agreement"] or 0.0 for k, v in report["fields"].items()}
+    fig, ax = plt.subplots(figsize=(6, 0.4 * len(fields) + 1))
+    ax.barh(list(fields), [100 * v for v in fields.values()], color="#4f6bed")
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("agreement with today's results (%)", fontsize=8)
+    ax.invert_yaxis()
+    ax.tick_params(labelsize=8)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()

@@ -349,6 +349,17 @@ def daemon(tmp_path: Path, dagster_home: Path) -> Iterator[object]:
 
 
 @pytest.fixture
+def webserver(daemon: object, tmp_path: Path) -> Iterator[object]:
+    """A ``dagster-webserver`` on a free port, for the test to start; stopped at the end."""
+    from ai_pipeline_tests.dagster_procs import DagsterProcess, running
+
+    # Depends on ``daemon`` so that it stops first: the daemon fixture then checks that nothing
+    # started for this test's instance, the webserver included, is left running.
+    with running(DagsterProcess.webserver(tmp_path / "webserver.log")) as server:
+        yield server
+
+
+@pytest.fixture
 def owned_postgres(pg_skip_reason: str | None) -> Iterator[OwnedPostgres]:
     """A PostgreSQL server of the test's own, started; the test may stop and start it."""
     if not PG_BIN.is_dir():

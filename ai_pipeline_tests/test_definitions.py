@@ -47,6 +47,7 @@ def test_definitions_load() -> None:
     assert {j for j in repo.job_names if not j.startswith("__")} == {
         "analyse_documents_job",
         "failure_report_job",
+        "canary_job",
     }
     assert set(defs.resources or {}) == {
         "results_store",
@@ -56,7 +57,7 @@ def test_definitions_load() -> None:
         "analysis",
     }
     # One executor, set once on the Definitions: every job runs its one step in process.
-    for name in ("analyse_documents_job", "failure_report_job"):
+    for name in ("analyse_documents_job", "failure_report_job", "canary_job"):
         assert repo.get_job(name).executor_def.name == "in_process"
 
 

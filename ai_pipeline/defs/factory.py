@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import dagster as dg
 
 from ai_pipeline.defs.assets import build_analysis_assets, build_failure_report
+from ai_pipeline.defs.canary_job import build_canary_job
 from ai_pipeline.defs.io_managers import ResultsIOManager
 from ai_pipeline.defs.jobs import DOCUMENTS_PER_BACKFILL_RUN, build_jobs
 from ai_pipeline.defs.openai_batches import build_openai_batch_sensor
@@ -57,7 +58,7 @@ def site_definitions(site: Site, at_load: AtLoad) -> dg.Definitions:
             build_analysis_assets(site, at_load.backfill_run_size or DOCUMENTS_PER_BACKFILL_RUN),
             build_failure_report(site),
         ],
-        jobs=list(build_jobs(site)),
+        jobs=[*build_jobs(site), build_canary_job(site)],
         sensors=[
             *build_sensors(site, at_load.sensor_interval_seconds),
             build_openai_batch_sensor(site, interval_seconds=at_load.batch_api_interval_seconds),

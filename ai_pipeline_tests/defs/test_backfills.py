@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -226,15 +226,6 @@ def daemon_env(no_inbox_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AI_PIPELINE_RETRY_BUDGET", raising=False)
     monkeypatch.setenv("AI_PIPELINE_TIMEZONE", "UTC")
     monkeypatch.setenv("AI_PIPELINE_NIGHTLY_CRON", quiet_nightly_cron())
-
-
-@pytest.fixture
-def webserver(daemon: DagsterProcess, tmp_path: Path) -> Iterator[DagsterProcess]:
-    """A ``dagster-webserver`` on a free port, for the test to start; stopped at the end."""
-    # Depends on ``daemon`` so that it stops first: the daemon fixture then checks that nothing
-    # started for this test's instance, the webserver included, is left running.
-    with running(DagsterProcess.webserver(tmp_path / "webserver.log")) as server:
-        yield server
 
 
 def launch_ui_backfill(webserver: DagsterProcess, documents: list[str]) -> str:

@@ -13,7 +13,7 @@ from ai_pipeline.analyses import DOCUMENT_ANALYSIS
 from ai_pipeline.defs.assets import LLM_ANALYSIS
 from ai_pipeline.reporting import build_report
 from ai_pipeline.tasks import ANALYSE_STEP, task_id
-from ai_pipeline_tests.dagster_procs import DagsterProcess
+from ai_pipeline_tests.dagster_procs import DagsterProcess, wait_for
 from ai_pipeline_tests.support import (
     TEST_MODEL,
     doc_id,
@@ -27,6 +27,17 @@ from ai_pipeline_tests.support import (
     sample_text,
     task_of,
 )
+
+LAUNCH_RUN = """
+mutation($executionParams: ExecutionParams!) {
+  launchRun(executionParams: $executionParams) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message }
+    ... on RunConfigValidationInvalid { errors { message } }
+  }
+}
+"""
 
 
 def _corpus(tmp_path: Path, simulator) -> tuple[Path, list[str], str]:
@@ -120,21 +131,51 @@ def test_a_model_change_is_backfilled_by_the_daemon_one_call_each(
     instance: dg.DagsterInstance,
     simulator,
     daemon: DagsterProcess,
+    webserver: DagsterProcess,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """``backfill --stale --wait`` under a real daemon after AI_PIPELINE_MODEL changed: each
-    completed document makes one call under its new task id, the failed one none."""
+    """After AI_PIPELINE_MODEL changed, the canary job launched as the UI launches it tries two
+    documents and shows its table in the run's metadata; then ``backfill --stale --wait`` under
+    a real daemon makes one call for each other completed document under its new task id (the
+    canary's two none again), the failed one none."""
     inbox, done, bad = _corpus(tmp_path, simulator)
     monkeypatch.setenv("AI_PIPELINE_MODEL", "sim-analyst-2")
+    webserver.start()
     daemon.start()
+    webserver.wait_ready(locations_loaded=True)
     total = simulator.stats()["total"]
+
+    launched = webserver.graphql(
+        LAUNCH_RUN,
+        {
+            "executionParams": {
+                "selector": {
+                    "repositoryLocationName": "ai_pipeline",
+                    "repositoryName": "__repository__",
+                    "jobName": "canary_job",
+                },
+                "runConfigData": {"ops": {"canary": {"config": {"sample": 2, "seed": 3}}}},
+            }
+        },
+    )["launchRun"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    run_id = launched["run"]["runId"]
+    wait_for(daemon, "the canary run", lambda: instance.get_run_by_id(run_id).is_finished)
+    assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.SUCCESS
+    (output,) = instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_OUTPUT)
+    metadata = output.dagster_event.event_specific_data.metadata
+    assert "| summary | 100% |" in metadata["report"].value
+    assert "2 more documents" in metadata["report"].value
+    assert metadata["chart"].value.startswith("![agreement per field](data:image/png;base64,")
+    assert simulator.stats()["total"] == total + 2
 
     code, out = run_cli(capsys, "backfill", "--stale", "--wait", "--json")
 
     assert code == 0, out
     assert out["status"] == "COMPLETED_SUCCESS"
+    assert out["canary"]["sample"] == 2
     assert simulator.stats()["total"] == total + 4
     store = results_store()
     for d in done:
