@@ -59,6 +59,9 @@ class Trial:
     completion_tokens: int
     latency_ms: int
     from_checkpoint: bool
+    # A sectioned document's per-section outputs, before and now ({"index", "title", "output"}).
+    old_sections: list[dict[str, Any]] | None = None
+    new_sections: list[dict[str, Any]] | None = None
 
 
 def summary_key(current_suffix: str) -> str:
@@ -119,7 +122,7 @@ async def trial(
         doc = store.documents.load(result.document_id)
         assert doc is not None and doc.text is not None
         try:
-            reply, from_checkpoint, verdict, _ = await calls.analyse(doc, task, doc.text, log)
+            reply, from_checkpoint, verdict, parts = await calls.analyse(doc, task, doc.text, log)
         except ClassifiedError as e:
             return Trial(doc.document_id, doc.source, result.output, None, e.category.value,
                          0, 0, 0, False)  # fmt: skip
@@ -134,6 +137,8 @@ async def trial(
             reply.completion_tokens or 0,
             reply.latency_ms,
             from_checkpoint,
+            result.sections,
+            parts,
         )
     finally:
         claims.release(task)
@@ -166,7 +171,7 @@ async def run_canary(
         *(trial(store, calls, claims, r, r.document_id + current) for r, _ in chosen)
     )
     trials = [t for t in found if t is not None]
-    report = compare(trials, store.analysis.output_model, tolerance, store.analysis)
+    report = compare(trials, store.analysis, tolerance)
     prices = Prices.of(settings)
     paid = [t for t in trials if not t.from_checkpoint]
     per_document = (
@@ -239,48 +244,86 @@ def agreement(old: Any, new: Any, tolerance: float) -> float:
     return float(old == new)
 
 
-def compare(
-    trials: Sequence[Trial], model: type[BaseModel], tolerance: float, analysis: Any
-) -> dict[str, Any]:
-    """Per top-level field: the mean agreement over the documents with a new output, and its
-    largest disagreements; the shift of the confidence field; the failures by category."""
+@dataclass(frozen=True)
+class Pair:
+    """One output before and now: a document's, or one of its sections'."""
+
+    document_id: str
+    where: str  # the document's source, and the section's index when it is one
+    old: dict[str, Any]
+    new: dict[str, Any]
+
+
+def compare_fields(pairs: Sequence[Pair], model: type[BaseModel], tolerance: float) -> dict:
+    """Per top-level field of ``model``: the mean agreement over ``pairs`` and the largest
+    disagreements."""
     fields: dict[str, Any] = {}
-    compared = [t for t in trials if t.new is not None]
     for name in model.model_fields:
         scored = sorted(
-            ((agreement(t.old.get(name), t.new.get(name), tolerance), t) for t in compared),  # type: ignore[union-attr]
-            key=lambda pair: pair[0],
+            ((agreement(p.old.get(name), p.new.get(name), tolerance), p) for p in pairs),
+            key=lambda scored_pair: scored_pair[0],
         )
         fields[name] = {
             "agreement": round(statistics.mean(s for s, _ in scored), 4) if scored else None,
             "examples": [
                 {
-                    "document_id": t.document_id,
-                    "source": t.source,
-                    "old": t.old.get(name),
-                    "new": t.new.get(name),  # type: ignore[union-attr]
+                    "document_id": p.document_id,
+                    "source": p.where,
+                    "old": p.old.get(name),
+                    "new": p.new.get(name),
                 }
-                for s, t in scored[:EXAMPLES]
+                for s, p in scored[:EXAMPLES]
                 if s < 1.0
             ],
         }
-    confidence = getattr(analysis, "confidence_field", None)
-    shift = None
-    if confidence and compared:
-        pairs = [
-            (t.old.get(confidence), t.new.get(confidence))  # type: ignore[union-attr]
-            for t in compared
-        ]
-        numbers = [
-            (o, n) for o, n in pairs if isinstance(o, int | float) and isinstance(n, int | float)
-        ]
-        if numbers:
-            shift = round(statistics.mean(n - o for o, n in numbers), 4)
-    return {
-        "fields": fields,
-        "confidence_shift": shift,
-        "failures": dict(Counter(t.failure for t in trials if t.failure)),
+    return fields
+
+
+def section_pairs(trials: Sequence[Trial]) -> tuple[list[Pair], int]:
+    """The sections of the sampled documents paired by index, and how many documents were cut
+    into another number of sections than before."""
+    pairs: list[Pair] = []
+    recut = 0
+    for t in trials:
+        if t.old_sections is None or t.new_sections is None:
+            continue
+        old = {s["index"]: s for s in t.old_sections}
+        new = {s["index"]: s for s in t.new_sections}
+        recut += len(old) != len(new)
+        for index in sorted(old.keys() & new.keys()):
+            where = f"{t.source} §{index} {old[index].get('title') or ''}".rstrip()
+            pairs.append(Pair(t.document_id, where, old[index]["output"], new[index]["output"]))
+    return pairs, recut
+
+
+def compare(trials: Sequence[Trial], analysis: Any, tolerance: float) -> dict[str, Any]:
+    """Per top-level field of the document's output: the mean agreement over the documents with
+    a new output, and its largest disagreements; the same per section field for a sectioned
+    analysis (a contract's clauses); the shift of the confidence field; the failures by
+    category."""
+    compared = [t for t in trials if t.new is not None]
+    documents = [Pair(t.document_id, t.source, t.old, t.new) for t in compared if t.new]
+    report: dict[str, Any] = {
+        "fields": compare_fields(documents, analysis.document_model, tolerance)
     }
+    if analysis.sections is not None:
+        sections, recut = section_pairs(compared)
+        report["sections"] = {
+            "label": analysis.sections.label or "section",
+            "compared": len(sections),
+            "recut_documents": recut,
+            "fields": compare_fields(sections, analysis.output_model, tolerance),
+        }
+    confidence = analysis.confidence_field
+    numbers = [(p.old.get(confidence), p.new.get(confidence)) for p in documents if confidence]
+    shifts = [float(n) - float(o) for o, n in numbers if _number(o) and _number(n)]  # type: ignore[arg-type]
+    report["confidence_shift"] = round(statistics.mean(shifts), 4) if shifts else None
+    report["failures"] = dict(Counter(t.failure for t in trials if t.failure))
+    return report
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 # --- the report as the UI shows it --------------------------------------------------------------
@@ -297,15 +340,18 @@ def to_markdown(report: dict[str, Any]) -> str:
         "| field | agreement | largest disagreement |",
         "|---|---|---|",
     ]
-    for name, field in report["fields"].items():
-        share = "-" if field["agreement"] is None else f"{field['agreement']:.0%}"
-        worst = field["examples"][0] if field["examples"] else None
-        shown = (
-            f"`{worst['document_id']}`: {_cell(worst['old'])} → {_cell(worst['new'])}"
-            if worst
-            else ""
-        )
-        lines.append(f"| {name} | {share} | {shown} |")
+    lines += _rows(report["fields"])
+    sections = report.get("sections")
+    if sections:
+        lines += [
+            "",
+            f"Per {sections['label']} ({sections['compared']} compared, "
+            f"{sections['recut_documents']} documents cut otherwise than before):",
+            "",
+            "| field | agreement | largest disagreement |",
+            "|---|---|---|",
+            *_rows(sections["fields"]),
+        ]
     if report.get("confidence_shift") is not None:
         lines.append(f"\nConfidence: {report['confidence_shift']:+.3f} on average.")
     if report["failures"]:
@@ -316,6 +362,20 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"${projected['cost_usd']:.4f}, about {projected['seconds']} s."
     )
     return "\n".join(lines)
+
+
+def _rows(fields: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, field in fields.items():
+        share = "-" if field["agreement"] is None else f"{field['agreement']:.0%}"
+        worst = field["examples"][0] if field["examples"] else None
+        shown = (
+            f"{_cell(worst['source'])}: {_cell(worst['old'])} → {_cell(worst['new'])}"
+            if worst
+            else ""
+        )
+        rows.append(f"| {name} | {share} | {shown} |")
+    return rows
 
 
 def _cell(value: Any) -> str:
@@ -333,6 +393,10 @@ def agreement_png(report: dict[str, Any]) -> bytes:
     import matplotlib.pyplot as plt
 
     fields = {k: v["agreement"] or 0.0 for k, v in report["fields"].items()}
+    sections = report.get("sections")
+    if sections:
+        label = sections["label"]
+        fields |= {f"{label}.{k}": v["agreement"] or 0.0 for k, v in sections["fields"].items()}
     fig, ax = plt.subplots(figsize=(6, 0.4 * len(fields) + 1))
     ax.barh(list(fields), [100 * v for v in fields.values()], color="#4f6bed")
     ax.set_xlim(0, 100)

@@ -19,6 +19,7 @@ COMMANDS = [
     "run",
     "status",
     "backfill",
+    "canary",
     "requeue",
     "review",
     "review list",

@@ -195,3 +195,43 @@ def test_the_command_line_shows_which_clause_a_contract_is_at(store: Store) -> N
     for i in range(1, 7):
         store.checkpoints.put(clause_task(document_id, i), document_id, "analyse.s", {})
     assert _sections_line(store, [document_id]) == " · clause 7/12"
+
+
+def test_a_canary_of_another_model_compares_each_clause_field(
+    store: Store, simulator: SimulatorServer
+) -> None:
+    """Reviewed under one model, then tried under another: the canary calls each clause and the
+    report once under the new task ids, and compares the report's fields and each clause's
+    fields (paired by clause number) with the stored ones."""
+    import asyncio
+
+    from ai_pipeline.analyses.contract_review import ClauseReview, ContractReport
+    from ai_pipeline.canary import run_canary
+    from ai_pipeline.settings import Settings
+
+    document_id = register(store)
+    dict(run_batch(analyser(store, simulator), [document_id]))
+    before = simulator.stats()["total"]
+    settings = Settings.load(
+        database_url=str(store.url), analysis=CONTRACT_REVIEW.name, model="sim-analyst-2"
+    )
+    client = LLMClient(base_url=simulator.base_url, api_key=TEST_API_KEY, model="sim-analyst-2")
+
+    async def canary() -> dict:
+        try:
+            return await run_canary(store, client, settings, size=5)
+        finally:
+            await client.aclose()
+
+    report = asyncio.run(canary())
+
+    assert simulator.stats()["total"] == before + 13  # 12 clauses and the report, once each
+    assert (report["sample"], report["stale"], report["sample_calls"]) == (1, 1, 1)
+    assert set(report["fields"]) == set(ContractReport.model_fields)
+    clauses = report["sections"]
+    assert (clauses["label"], clauses["compared"], clauses["recut_documents"]) == ("clause", 12, 0)
+    assert set(clauses["fields"]) == set(ClauseReview.model_fields)
+    # The simulator answers by the text alone: under another model name, every field agrees.
+    assert {f["agreement"] for f in clauses["fields"].values()} == {1.0}
+    (row,) = store.results.get([document_id])
+    assert row.task_id == task_id(document_id, ANALYSE_STEP, CONTRACT_REVIEW.tag(), TEST_MODEL)

@@ -62,13 +62,27 @@ def describe(report: dict[str, Any], *, examples: bool = True) -> list[str]:
     for name, field in report["fields"].items():
         share = field["agreement"]
         lines.append(f"{name:<24}  {'-' if share is None else f'{share:.0%}'}")
+    sections = report.get("sections")
+    if sections:
+        lines.append(
+            f"per {sections['label']} ({sections['compared']} compared; "
+            f"{sections['recut_documents']} documents cut otherwise than before):"
+        )
+        for name, field in sections["fields"].items():
+            share = field["agreement"]
+            lines.append(f"  {name:<22}  {'-' if share is None else f'{share:.0%}'}")
     if report.get("confidence_shift") is not None:
         lines.append(f"confidence: {report['confidence_shift']:+.3f} on average")
     if report["failures"]:
         failed = ", ".join(f"{c} {n}" for c, n in sorted(report["failures"].items()))
         lines.append(f"failed under the new version: {failed}")
     if examples:
-        shown = [(name, e) for name, field in report["fields"].items() for e in field["examples"]]
+        shown = [
+            (name, e)
+            for fields in (report["fields"], (sections or {}).get("fields", {}))
+            for name, field in fields.items()
+            for e in field["examples"]
+        ]
         if shown:
             lines.append("largest disagreements:")
         for name, e in shown:
