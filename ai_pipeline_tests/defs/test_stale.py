@@ -140,9 +140,9 @@ def test_a_model_change_is_backfilled_by_the_daemon_one_call_each(
     documents and shows its table in the run's metadata; then ``backfill --stale --wait`` under
     a real daemon makes one call for each other completed document under its new task id (the
     canary's two none again), the failed one none."""
+    webserver.start()  # it loads while the documents are run
     inbox, done, bad = _corpus(tmp_path, simulator)
     monkeypatch.setenv("AI_PIPELINE_MODEL", "sim-analyst-2")
-    webserver.start()
     daemon.start()
     webserver.wait_ready(locations_loaded=True)
     total = simulator.stats()["total"]
