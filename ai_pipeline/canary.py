@@ -28,7 +28,7 @@ from ai_pipeline.claims import Claims, owner_id
 from ai_pipeline.errors import InputError
 from ai_pipeline.failures import ClassifiedError
 from ai_pipeline.llm import LLMClient
-from ai_pipeline.reporting import current_task_suffix
+from ai_pipeline.reporting import current_task_suffix, png_of, pyplot
 from ai_pipeline.settings import Settings
 from ai_pipeline.spend import Prices
 from ai_pipeline.states import State
@@ -385,26 +385,15 @@ def _cell(value: Any) -> str:
 
 def agreement_png(report: dict[str, Any]) -> bytes:
     """A bar chart of each field's agreement, as PNG bytes."""
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fields = {k: v["agreement"] or 0.0 for k, v in report["fields"].items()}
     sections = report.get("sections")
     if sections:
         label = sections["label"]
         fields |= {f"{label}.{k}": v["agreement"] or 0.0 for k, v in sections["fields"].items()}
-    fig, ax = plt.subplots(figsize=(6, 0.4 * len(fields) + 1))
+    fig, ax = pyplot().subplots(figsize=(6, 0.4 * len(fields) + 1))
     ax.barh(list(fields), [100 * v for v in fields.values()], color="#4f6bed")
     ax.set_xlim(0, 100)
     ax.set_xlabel("agreement with today's results (%)", fontsize=8)
     ax.invert_yaxis()
     ax.tick_params(labelsize=8)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    return buffer.getvalue()
+    return png_of(fig)

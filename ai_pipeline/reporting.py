@@ -365,14 +365,29 @@ def to_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def chart_png(report: dict[str, Any]) -> bytes:
-    """A bar chart of documents by state and failures by category, as PNG bytes."""
+def pyplot() -> Any:
+    """matplotlib's pyplot on its file-only backend (nothing is displayed here); imported when a
+    chart is drawn, not with this module."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
+    return plt
+
+
+def png_of(fig: Any) -> bytes:
+    """A drawn figure as PNG bytes; the figure is closed."""
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    pyplot().close(fig)
+    return buffer.getvalue()
+
+
+def chart_png(report: dict[str, Any]) -> bytes:
+    """A bar chart of documents by state and failures by category, as PNG bytes."""
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(9, 3.2))
     for ax, counts, title in (
         (left, report["by_state"], "documents by state"),
         (right, report["by_category"], "failed documents by category"),
@@ -382,8 +397,4 @@ def chart_png(report: dict[str, Any]) -> bytes:
         ax.barh(names, values, color="#4f6bed" if ax is left else "#e8684a")
         ax.set_title(title, fontsize=10)
         ax.tick_params(labelsize=8)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    return buffer.getvalue()
+    return png_of(fig)
